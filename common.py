@@ -1,0 +1,168 @@
+"""
+Small helpers shared by train_pretrain.py, train_rl.py and eval.py.
+
+Why a module at all: all three scripts parse presets the same way, write checkpoints the same way
+(atomically, with the tokenizer embedded so a checkpoint is self-contained), set up DDP the same
+way and end with the same one-line JSON summary. Keeping that here means one definition of each,
+while every script still reads top to bottom.
+"""
+import argparse
+import json
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+
+def die(msg):
+    """A clear one-line error and exit code 2 (the convention for bad input in every script)."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets. Each script has PRESETS = {"smoke": {...}, "cpu": {...}, "gpu": {...}}: values become
+# the argparse defaults, so any flag given on the command line wins over the preset.
+
+def parse_args(parser, presets, argv=None):
+    have = {a.dest for a in parser._actions}
+    if "preset" not in have:
+        parser.add_argument("--preset", choices=sorted(presets),
+                            help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
+                                 "default: gpu if CUDA is visible else cpu; flags override")
+    if "out_dir" not in have:
+        parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
+    if "seed" not in have:
+        parser.add_argument("--seed", type=int, default=0, help="random seed")
+    if "device" not in have:
+        parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    pre, _ = parser.parse_known_args(argv)
+    preset = pre.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    unknown = set(presets[preset]) - {a.dest for a in parser._actions}
+    assert not unknown, f"preset {preset} sets unknown options {unknown}"
+    parser.set_defaults(**presets[preset])
+    args = parser.parse_args(argv)
+    args.preset = preset
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", f"{parser.prog.removesuffix('.py')}-{preset}")
+    return args
+
+
+def pick_device(name="auto"):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        die(f"--device {name} but no CUDA device is visible")
+    return torch.device(name)
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (the router stays fp32 inside model.py); plain fp32 on CPU, where
+    bf16 matmuls are slower than fp32 on most CPUs and would only add noise to tests."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP. torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; without them we are a single process.
+
+def setup_ddp(device_name="auto"):
+    """Returns (rank, local_rank, world_size, device). nccl on GPUs, gloo on CPU."""
+    if "RANK" not in os.environ:
+        return 0, 0, 1, pick_device(device_name)
+    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    return rank, local_rank, world, device
+
+
+def cleanup_ddp():
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(x):
+    """Mean of a float (or tensor) over ranks; identity without DDP."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return x
+    t = torch.as_tensor(x, dtype=torch.float64).clone()
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return t.item() if t.ndim == 0 else t
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: written to a temp file in the same directory, fsynced, then renamed over the
+# target, so a crash mid-write never leaves a truncated checkpoint where a good one was.
+
+def atomic_save(obj, path):
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path, model, tokenizer, **extra):
+    """model_config + weights + the tokenizer itself (a few hundred KB of JSON), so eval and RL
+    need nothing but this one file. `extra`: optimizer, step, rng, data position, args, ..."""
+    model = getattr(model, "module", model)          # unwrap DDP
+    model = getattr(model, "_orig_mod", model)       # unwrap torch.compile
+    atomic_save({"model_config": asdict(model.config), "model": model.state_dict(),
+                 "tokenizer": tokenizer.to_dict(), **extra}, path)
+
+
+def load_checkpoint(path, device="cpu"):
+    """Returns (model, tokenizer, checkpoint dict). Any problem is a one-line error."""
+    if not path or not os.path.isfile(path):
+        die(f"no checkpoint at {path!r}")
+    from model import GPT, GPTConfig  # imported here so common.py stays importable on its own
+    from tokenizer import Tokenizer
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+        cfg = GPTConfig(**ckpt["model_config"])
+        model = GPT(cfg)
+        model.load_state_dict(ckpt["model"])
+        tok = Tokenizer.from_dict(ckpt["tokenizer"])
+    except Exception as e:  # truncated file, wrong format, missing keys, shape mismatch ...
+        die(f"cannot load checkpoint {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    if tok.vocab_size > cfg.vocab_size:
+        die(f"checkpoint {path!r}: tokenizer has {tok.vocab_size} tokens but the model only {cfg.vocab_size}")
+    return model.to(device), tok, ckpt
+
+
+def rng_state():
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Logging
+
+def log_metrics(path, record):
+    """Append one JSON line (metrics.jsonl in the run directory)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def print_summary(d):
+    """The last stdout line of every script: one JSON object that tests and tools parse."""
+    print(json.dumps(d), flush=True)

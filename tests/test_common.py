@@ -1,0 +1,53 @@
+import argparse
+import os
+
+import pytest
+import torch
+
+import common
+
+PRESETS = {"smoke": {"steps": 3, "lr": 0.1}, "cpu": {"steps": 100, "lr": 0.01}, "gpu": {"steps": 1000, "lr": 0.001}}
+
+
+def make_parser():
+    p = argparse.ArgumentParser(prog="demo.py")
+    p.add_argument("--steps", type=int, help="steps")
+    p.add_argument("--lr", type=float, help="learning rate")
+    return p
+
+
+def test_preset_sets_defaults_and_flags_override(tmp_path):
+    args = common.parse_args(make_parser(), PRESETS, ["--preset", "smoke"])
+    assert (args.steps, args.lr, args.preset) == (3, 0.1, "smoke")
+    args = common.parse_args(make_parser(), PRESETS, ["--preset", "smoke", "--lr", "0.5", "--out-dir", str(tmp_path)])
+    assert (args.steps, args.lr, args.out_dir) == (3, 0.5, str(tmp_path))
+    args = common.parse_args(make_parser(), PRESETS, [])
+    assert args.preset == ("gpu" if torch.cuda.is_available() else "cpu")
+    assert args.out_dir == os.path.join("runs", f"demo-{args.preset}")
+
+
+def test_unknown_preset_is_an_argparse_error():
+    with pytest.raises(SystemExit) as e:
+        common.parse_args(make_parser(), PRESETS, ["--preset", "huge"])
+    assert e.value.code == 2
+
+
+def test_atomic_save_replaces_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "sub" / "x.pt"
+    common.atomic_save({"a": 1}, path)
+    common.atomic_save({"a": 2}, path)
+    assert torch.load(path)["a"] == 2
+    assert os.listdir(path.parent) == ["x.pt"]
+
+
+def test_missing_and_corrupt_checkpoint_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        common.load_checkpoint(str(tmp_path / "nope.pt"))
+    assert e.value.code == 2
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit):
+        common.load_checkpoint(str(bad))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert "nope.pt" in err[0] and "bad.pt" in err[1]
