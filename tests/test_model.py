@@ -1,0 +1,345 @@
+"""Tests for model.py (CPU, tiny configs, seconds each): timeout 300 python -m pytest tests/test_model.py -q -x"""
+import math
+import os
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model as M  # noqa: E402
+from model import GPT, MLP, MoE, GPTConfig, upcycle  # noqa: E402
+
+TINY = dict(vocab_size=61, seq_len=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
+            n_expert=6, top_k=2, n_shared_expert=1, expert_hidden=16, n_dense_layers=1)
+
+
+def tiny(**kw):
+    torch.manual_seed(kw.pop("seed", 0))
+    return GPT(GPTConfig(**{**TINY, **kw})).eval()
+
+
+@pytest.fixture(autouse=True)
+def _reset_dispatch():
+    yield
+    MoE.dispatch = "auto"
+
+
+def greedy_by_full_forward(model, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        logits, _ = model(torch.tensor([seq]))
+        seq.append(int(logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("n_expert", [6, 1])
+def test_causality(n_expert):
+    model = tiny(n_expert=n_expert)
+    idx = torch.randint(0, 61, (2, 20))
+    idx2 = idx.clone()
+    idx2[:, 12:] = torch.randint(0, 61, (2, 8))
+    a, _ = model(idx)
+    b, _ = model(idx2)
+    torch.testing.assert_close(a[:, :12], b[:, :12], rtol=0, atol=1e-5)
+    assert not torch.allclose(a[:, 12:], b[:, 12:])
+
+
+@pytest.mark.parametrize("n_expert", [6, 1])
+def test_kv_cache_greedy_equals_full_forward(n_expert):
+    model = tiny(n_expert=n_expert)
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [5, 3, 9]]   # incl. a duplicate
+    outs = model.generate(prompts, max_new_tokens=12, temperature=0)
+    for p, o in zip(prompts, outs):
+        assert o["tokens"] == greedy_by_full_forward(model, p, 12)
+        logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
+        lp = logits[0, len(p) - 1:].log_softmax(-1).gather(-1, torch.tensor(o["tokens"])[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(o["logprobs"]), lp, rtol=0, atol=1e-4)
+
+
+def test_stop_ids_retire_rows():
+    model = tiny()
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [2, 2]]
+    full = model.generate(prompts, max_new_tokens=12, temperature=0, return_routes=True)
+    stop = {full[0]["tokens"][2], full[3]["tokens"][5]}
+    batch_sizes = []                                     # rows fed to the LM head at each forward
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: batch_sizes.append(args[0].size(0)))
+    cut = model.generate(prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
+    hook.remove()
+    assert batch_sizes[1] == 5 and batch_sizes[-1] < 5   # finished rows left the batch
+    for f, c, p in zip(full, cut, prompts):
+        n = next((i + 1 for i, t in enumerate(f["tokens"]) if t in stop), 12)
+        assert c["tokens"] == f["tokens"][:n]               # rows retire at their first stop id
+        assert c["routes"].shape == (2, len(p) + n - 1, 2)
+        assert torch.equal(c["routes"], f["routes"][:, :len(p) + n - 1])
+    assert len(cut[0]["tokens"]) == 3
+
+
+def test_grouped_dispatch_equals_loop_reference():
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**TINY, "n_expert": 6, "top_k": 2})
+    moe = MoE(cfg)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    moe.bias[4:] = -10.0      # experts 4 and 5 can never be chosen: they receive no tokens
+    x = torch.randn(3, 7, 32)
+    results = {}
+    modes = ["loop", "sorted"] + (["grouped"] if M.HAS_GROUPED_MM else [])
+    for mode in modes:
+        MoE.dispatch = mode
+        moe.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = moe(xi)
+        (y * torch.linspace(-1, 1, 32)).sum().backward()
+        results[mode] = [y.detach(), xi.grad] + [p.grad.clone() for p in moe.parameters()]
+        counts = moe.stats["counts"]
+    assert counts[4] == 0 and counts[5] == 0 and counts[:4].sum() == 3 * 7 * 2
+    for mode in modes[1:]:
+        for a, b in zip(results["loop"], results[mode]):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert results["loop"][3][4:].abs().sum() == 0     # w1 grads of the idle experts are exactly zero
+
+
+def test_grouped_mm_backward_from_sum():
+    if not M.HAS_GROUPED_MM:
+        pytest.skip("no grouped_mm")
+    x = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(3, 8, 4, requires_grad=True)
+    M.expert_matmul(x, w, torch.tensor([3, 0, 7]), grouped=True).sum().backward()   # zero-stride grad
+    assert x.grad is not None and w.grad[1].abs().sum() == 0
+
+
+def test_single_expert_equals_dense_mlp():
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**TINY, "n_expert": 1, "top_k": 1, "n_shared_expert": 0})
+    moe, mlp = MoE(cfg), MLP(32, 16)
+    with torch.no_grad():
+        moe.w1.copy_(mlp.w1.weight.T[None])
+        moe.w2.copy_(mlp.w2.weight.T[None])
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(moe(x), mlp(x), rtol=1e-5, atol=1e-6)
+    # and n_expert=1 in the config builds a plain dense GPT: no router, loss == CE, equal active width
+    dense = tiny(n_expert=1)
+    assert dense.n_moe_layers == 0 and not any("router" in n for n, _ in dense.named_parameters())
+    assert dense.blocks[-1].mlp.w2.in_features == (TINY["top_k"] + TINY["n_shared_expert"]) * 16
+    idx = torch.randint(0, 61, (2, 9))
+    logits, loss = dense(idx, idx)
+    assert torch.equal(loss, torch.nn.functional.cross_entropy(logits.view(-1, 61), idx.view(-1)))
+
+
+def test_balance_loss_is_one_under_uniform_routing():
+    torch.manual_seed(0)
+    cfg = GPTConfig(**TINY)
+    moe = MoE(cfg)
+    torch.nn.init.zeros_(moe.router.weight)              # uniform router probabilities
+    N = 12                                               # 12 tokens * 2 slots = 4 per expert
+    route = torch.arange(N * 2).remainder(6).view(1, N, 2)
+    moe(torch.randn(1, N, 32), route)
+    assert moe.stats["lb"].item() == pytest.approx(1.0, abs=1e-6)
+    assert moe.stats["z"].item() == pytest.approx(math.log(6) ** 2, rel=1e-5)
+    assert float(moe.aux.detach()) == pytest.approx(0.01 * 1.0 + 1e-3 * math.log(6) ** 2, rel=1e-5)
+
+
+def test_global_batch_load_counts():
+    model = tiny().train()
+    inputs = {}
+    for m in model.moe_layers():
+        m.register_forward_hook(lambda mod, args, out: inputs.__setitem__(mod, args[0].detach()))
+    a, b = torch.randint(0, 61, (2, 2, 10))
+    model(a, a)
+    c1 = [m.stats["counts"].clone() for m in model.moe_layers()]
+    model(b, b)
+    for m, c in zip(model.moe_layers(), c1):
+        assert torch.equal(m.load, c + m.stats["counts"])     # loads of BOTH micro-batches
+        f = (m.load / m.load.sum()).float()
+        P = (inputs[m].reshape(-1, 32) @ m.router.weight.T).softmax(-1).mean(0)   # this micro-batch
+        torch.testing.assert_close(m.stats["lb"], 6 * (f * P).sum())
+    model.after_optimizer_step()
+    assert all(m.load is None for m in model.moe_layers())
+    with torch.no_grad():                               # no counting outside training forwards
+        model(a, a)
+    model.eval()
+    model(a, a)
+    assert all(m.load is None for m in model.moe_layers())
+
+
+def test_bias_update_moves_load_toward_balance():
+    model = tiny(balance="bias").train()
+    with torch.no_grad():                              # make the routers strongly prefer some experts
+        for m in model.moe_layers():
+            m.router.weight.mul_(40)
+    idx = torch.randint(0, 61, (4, 16))
+
+    def imbalance():
+        with torch.no_grad():
+            model.eval()
+            model(idx)
+            model.train()
+        return model.moe_metrics()["moe/max_mean_load"]
+
+    before = imbalance()
+    model(idx, idx)
+    layer = model.moe_layers()[0]
+    load = layer.load.clone()
+    model.after_optimizer_step()
+    assert torch.all(layer.bias[load > load.mean()] < 0) and torch.all(layer.bias[load < load.mean()] > 0)
+    model.config.bias_rate = 0.05
+    for _ in range(60):
+        model(idx, idx)
+        model.after_optimizer_step()
+    after = imbalance()
+    assert after < before and after < 1.5, (before, after)
+    # the bias changes the choice, never the gate values: replaying the same experts gives same outputs
+    routes = torch.stack([m.topi.view(4, 16, 2) for m in model.moe_layers()])
+    model.eval()
+    ref, _ = model(idx, routes=routes)
+    for m in model.moe_layers():
+        m.bias.zero_()
+    out, _ = model(idx, routes=routes)
+    assert torch.equal(ref, out)
+
+
+def test_router_replay():
+    model = tiny()
+    g = torch.Generator().manual_seed(1)
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7]]
+    outs = model.generate(prompts, max_new_tokens=10, temperature=1.0, generator=g, return_routes=True)
+    seqs = [p + o["tokens"][:-1] for p, o in zip(prompts, outs)]
+    T = max(map(len, seqs))
+    idx = torch.full((2, T), 60)
+    routes = torch.zeros(model.n_moe_layers, 2, T, 2, dtype=torch.long)   # right padding, pad expert 0
+    for i, (s, o) in enumerate(zip(seqs, outs)):
+        assert o["routes"].shape == (2, len(s), 2)
+        idx[i, :len(s)] = torch.tensor(s)
+        routes[:, i, :len(s)] = o["routes"]
+    for i, s in enumerate(seqs):            # the recorded experts are the ones a full forward picks
+        free, _ = model(torch.tensor([s]))
+        chosen = torch.stack([m.topi for m in model.moe_layers()])
+        assert torch.equal(chosen, routes[:, i, :len(s)])
+        forced, _ = model(torch.tensor([s]), routes=routes[:, i:i + 1, :len(s)])
+        assert torch.equal(forced, free)
+        padded, _ = model(idx, routes=routes)
+        torch.testing.assert_close(padded[i, :len(s)], free[0], rtol=0, atol=1e-5)
+    # forcing other experts changes the output, and the router still gets gradients
+    model.train()
+    other = (routes + 1) % 6
+    logits, loss = model(idx, idx, routes=other)
+    assert not torch.allclose(logits, padded)
+    model.moe_layers()[0].router.weight.grad = None
+    loss.backward()
+    assert model.moe_layers()[0].router.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("n_shared", [0, 1, 2])
+def test_upcycle_reproduces_dense(n_shared):
+    dense = tiny(n_expert=1)
+    moe = upcycle(dense, n_expert=4, top_k=2, n_shared_expert=n_shared).eval()
+    assert moe.n_moe_layers == 2 and moe.config.n_expert == 4
+    idx = torch.randint(0, 61, (2, 12))
+    a, _ = dense(idx)
+    b, _ = moe(idx)
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    noisy = upcycle(dense, n_expert=4, top_k=2, n_shared_expert=n_shared, noise=0.1).eval()
+    assert not torch.allclose(noisy(idx)[0], a, atol=1e-5)
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "sorted", "grouped", "loop"])
+def test_bf16_autocast_forward_backward(dispatch):
+    if dispatch == "grouped" and not M.HAS_GROUPED_MM:
+        pytest.skip("no grouped_mm")
+    MoE.dispatch = dispatch
+    model = tiny().train()
+    idx = torch.randint(0, 61, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = model(idx, idx)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    loss.backward()
+    router = model.moe_layers()[0].router.weight
+    assert router.grad is not None and torch.isfinite(router.grad).all() and router.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = model.generate([[1, 2, 3], [4]], max_new_tokens=4, temperature=0)
+    assert [len(o["tokens"]) for o in outs] == [4, 4]
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny(balance="bias").train()
+    idx = torch.randint(0, 61, (2, 10))
+    model(idx, idx)
+    model.after_optimizer_step()                         # a non-zero router bias must survive
+    assert any(m.bias.abs().sum() > 0 for m in model.moe_layers())
+    torch.save({"model_config": asdict(model.config), "model": model.state_dict()}, tmp_path / "ck.pt")
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+    clone = GPT(GPTConfig(**ck["model_config"]))
+    clone.load_state_dict(ck["model"])
+    model.eval(), clone.eval()
+    assert torch.equal(model(idx)[0], clone(idx)[0])
+    assert model.generate([[1, 2]], 5, temperature=0) == clone.generate([[1, 2]], 5, temperature=0)
+
+
+def test_sampling_filters_and_logprobs():
+    model = tiny()
+    g = torch.Generator().manual_seed(0)
+    prompts = [[5, 3, 9], [1, 2]] * 3
+    outs = model.generate(prompts, max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, generator=g)
+    for p, o in zip(prompts, outs):
+        logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
+        lp = (logits[0, len(p) - 1:] / 0.7).log_softmax(-1)
+        toks = torch.tensor(o["tokens"])
+        assert (lp.topk(5, -1).indices == toks[:, None]).any(-1).all()       # inside the top-5
+        torch.testing.assert_close(torch.tensor(o["logprobs"]), lp.gather(-1, toks[:, None]).squeeze(1),
+                                   rtol=0, atol=1e-4)                    # log-probs BEFORE filtering
+    assert M.sample(torch.tensor([[0.0, 5.0, 4.9, -9.0]]), 1.0, 0, 0.5)[0].item() == 1   # top-p keeps >= 1
+
+
+def test_param_counts_flops_and_step0_loss():
+    moe, dense = tiny(), tiny(n_expert=1)
+    (mt, ma), (dt, da) = moe.num_params(), dense.num_params()
+    router = 2 * 32 * 6                                  # 2 MoE layers, D x E router each
+    assert ma == da + router and mt == ma + 2 * (6 - 2) * 3 * 32 * 16 and dt == da
+    assert moe.estimate_flops_per_token() == 6 * (ma - 61 * 32) + 12 * 3 * 32 * 64
+    idx = torch.randint(0, 61, (8, 32))
+    lm, ld = moe(idx, idx)[1], dense(idx, idx)[1]
+    ce_moe = moe.moe_metrics()["ce_loss"]
+    assert abs(ce_moe - math.log(61)) < 0.05 and abs(ld.item() - math.log(61)) < 0.05   # same start
+    assert lm.item() == pytest.approx(ce_moe + moe.aux_loss.item(), rel=1e-6) and moe.aux_loss.item() > 0
+    assert float(dense.aux_loss) == 0.0
+    metrics = moe.moe_metrics()
+    for key in ["moe/l0/tokens_e0", "moe/l1/max_mean_load", "moe/router_entropy", "moe/lb_loss",
+                "moe/z_loss", "moe/bias_min", "moe/bias_max"]:
+        assert isinstance(metrics[key], float)
+
+
+def _ddp_worker(rank, world, tmp):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    res = {}
+    for balance in ["aux", "bias"]:
+        model = tiny(balance=balance).train()
+        inputs = {}
+        layer = model.moe_layers()[0]
+        layer.register_forward_hook(lambda mod, args, out: inputs.__setitem__("x", args[0].detach()))
+        torch.manual_seed(100 + rank)                    # every rank sees different data
+        idx = torch.randint(0, 61, (2, 10))
+        model(idx, idx)
+        res[balance] = dict(counts=layer.stats["counts"], lb=layer.stats["lb"],
+                            P=(inputs["x"].reshape(-1, 32) @ layer.router.weight.T).softmax(-1).mean(0))
+        model.after_optimizer_step()
+        res[balance]["bias"] = layer.bias.clone()
+    torch.save(res, f"{tmp}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_ddp_global_loads_and_bias_all_reduced(tmp_path):
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    r = [torch.load(tmp_path / f"rank{i}.pt", weights_only=True) for i in range(2)]
+    total = r[0]["aux"]["counts"] + r[1]["aux"]["counts"]
+    assert not torch.equal(r[0]["aux"]["counts"], r[1]["aux"]["counts"])
+    for i in range(2):                                   # f_i counted over both ranks, P_i local
+        f = (total / total.sum()).float()
+        torch.testing.assert_close(r[i]["aux"]["lb"], 6 * (f * r[i]["aux"]["P"]).sum())
+    load = r[0]["bias"]["counts"] + r[1]["bias"]["counts"]
+    expected = 1e-3 * torch.sign(load.mean() - load).float()
+    assert torch.equal(r[0]["bias"]["bias"], r[1]["bias"]["bias"])
+    torch.testing.assert_close(r[0]["bias"]["bias"], expected)
