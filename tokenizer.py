@@ -125,6 +125,38 @@ def bpe_train_words(word_counts: dict[bytes, int], n_tokens: int) -> list[bytes]
     return vocab
 
 
+def bpe_train_words_naive(word_counts: dict[bytes, int], n_tokens: int) -> list[bytes]:
+    """The reference for bpe_train_words: recount every pair after each merge (minbpe's loop), same
+    tie rule, same result, about 30x slower. Kept here so tests and bench.py check against one copy."""
+    vocab = [bytes([i]) for i in range(256)]
+    ids = {t: i for i, t in enumerate(vocab)}
+    words, counts = [list(w) for w in word_counts], list(word_counts.values())
+    while len(vocab) < n_tokens:
+        stats = defaultdict(int)
+        for w, c in zip(words, counts):
+            for p in zip(w, w[1:]):
+                stats[p] += c
+        if not stats:
+            break
+        a, b = min(stats, key=lambda p: (-stats[p], p))
+        merged = vocab[a] + vocab[b]
+        if merged not in ids:
+            ids[merged] = len(vocab)
+            vocab.append(merged)
+        new, merged_words = ids[merged], []
+        for w in words:
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == (a, b):
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged_words.append(out)
+        words = merged_words
+    return vocab
+
 def count_words(texts: Iterable[str]) -> Counter:
     """Pre-tokenize and count identical pre-tokens (BPE never merges across them)."""
     pat, words = regex.compile(PATTERN), Counter()

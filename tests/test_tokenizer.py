@@ -2,7 +2,6 @@
 import json
 import random
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,38 +16,6 @@ WEIRD = [
     "numbers 1234567890 3.14159 0x1F ١٢٣", "<|endoftext|> and <|pad|> in text", "'state' don't",
     'def f(x):\n    """Doc."""\n    return x  # trailing   \n\n\nclass A:\n  pass\n',
 ]
-
-
-def _naive_bpe(word_counts, n_tokens):
-    """Reference trainer: recount every pair after each merge (minbpe's loop), same tie rule."""
-    vocab = [bytes([i]) for i in range(256)]
-    ids = {t: i for i, t in enumerate(vocab)}
-    words, counts = [list(w) for w in word_counts], list(word_counts.values())
-    while len(vocab) < n_tokens:
-        stats = Counter()
-        for w, c in zip(words, counts):
-            for p in zip(w, w[1:]):
-                stats[p] += c
-        if not stats:
-            break
-        a, b = min(stats, key=lambda p: (-stats[p], p))
-        merged = vocab[a] + vocab[b]
-        if merged not in ids:
-            ids[merged] = len(vocab)
-            vocab.append(merged)
-        new, merged_words = ids[merged], []
-        for w in words:
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == (a, b):
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged_words.append(out)
-        words = merged_words
-    return vocab
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +94,7 @@ def test_incremental_equals_naive(texts, corpus):
     else:   # repeated letters (overlapping pairs like "aaaa"), ties, multi-byte chars
         wc = T.count_words(["aaaa aaa aa a abab baba abcabc ééé 🐍🐍 " * 3, "aaaaaaa bbbb abab\n\n  x"])
     n = 256 + 300
-    fast, ref = T.bpe_train_words(wc, n), _naive_bpe(wc, n)
+    fast, ref = T.bpe_train_words(wc, n), T.bpe_train_words_naive(wc, n)
     assert fast == ref
     if corpus == "tiny":
         assert len(fast) < n    # ran out of pairs: both stop at the same point
