@@ -8,6 +8,8 @@
 #         OUT=runs/mine bash run.sh
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
+# Idle OpenMP threads sleep instead of spinning: the sandbox workers share these cores with torch.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$(dirname "$0")"
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
 OUT=${OUT:-runs/$PRESET}

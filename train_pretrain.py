@@ -1,0 +1,596 @@
+"""
+Phase one of the Composer 2 recipe (arXiv 2603.24477): (continued) pretraining of the small MoE
+GPT on a code-dominated data mix. The report's finding to honour: lower pretraining loss turned
+into better RL, so this stage must be efficient and its loss trustworthy.
+
+    python train_pretrain.py --preset smoke --out-dir runs/pt-smoke          # < 1 min on 2 cores
+    python train_pretrain.py --preset cpu                                     # ~11 min on 2 cores
+    OMP_NUM_THREADS=1 python train_pretrain.py --preset cpu     # on a busy CPU: 7x faster than 2 threads there
+    python train_pretrain.py --preset gpu                                     # one GPU, ~1 hour
+    python -m torch.distributed.run --nproc_per_node 8 train_pretrain.py --preset gpu   # one node
+    python -m torch.distributed.run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 \
+        --nproc_per_node 8 train_pretrain.py --preset gpu                     # (node-rank 1 on the other)
+    # your code (a directory of *.py, or JSONL with a "text" field) mixed with the built-in sources:
+    python train_pretrain.py --data code=~/src/repo --data web=docs.jsonl --mix stdlib=0.3,tasks=0.4,code=0.2,web=0.1
+    python train_pretrain.py --init-from runs/a/ckpt.pt --mix tasks=1 --out-dir runs/b   # continued pretraining
+    python train_pretrain.py --init-from dense/ckpt.pt --upcycle --n-expert 8 --top-k 2 --out-dir runs/moe
+    python train_pretrain.py --init-from runs/b/ckpt.pt --seq-len 1024 --max-steps 200 --out-dir runs/long
+    python train_pretrain.py --preset cpu --out-dir runs/b --resume          # continue exactly where it stopped
+
+Reads top to bottom: presets/args, setup, data (sources -> held-out filter -> split -> tokenizer ->
+token cache), model, optimizer, training loop, summary. --out-dir gets ckpt.pt (model, tokenizer,
+optimizer, step, RNG, data position, args), tokenizer.json, metrics.jsonl and cache/ (token caches,
+unless --cache-dir). The last stdout line is a JSON summary.
+"""
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import sysconfig
+import time
+from collections import Counter
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import common
+import env
+from model import GPT, GPTConfig, MoE, upcycle
+import tokenizer
+from tokenizer import Tokenizer, train_tokenizer
+
+# Presets are defaults, every flag overrides. MoE everywhere (the recipe's model); aux-loss-free
+# balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss of 1 and
+# of N data-parallel processes identical: no balancing term computed from partial batch counts).
+# The mix is task-heavy: the solved env tasks are the targeted coding data that RL later trains on.
+ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
+        "expert_hidden", "n_dense_layers", "balance")
+PRESETS = {
+    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, holdout_n=200,
+                  mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_expert=4,
+                  top_k=2, n_shared_expert=1, expert_hidden=64, n_dense_layers=1, balance="bias",
+                  seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
+                  log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
+    # cpu: measured on the shared 2-core box (1 thread, ~6k tok/s): ~10 min, held-out pass@1 ~0.3
+    # with pass@8 well above it (fewer steps: less, more: ~0.5 at 4.9M tokens), room for RL.
+    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, holdout_n=1000,
+                mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8,
+                top_k=2, n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias",
+                seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=900, warmup_steps=50, lr=3e-3,
+                log_every=10, eval_every=300, val_tokens=32768, sample_every=300, sample_tokens=96,
+                ckpt_every=300),
+    # gpu: ~74M active / 256M total, ~650M tokens; on one H100 (~15-30% MFU) ~25-45 min of steps
+    # plus data prep and evals. The built-in corpus is small (stdlib ~3.5M tokens, repeated), so
+    # the generated tasks carry most of it; add --data for real code.
+    "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, holdout_n=1000,
+                mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
+                top_k=2, n_shared_expert=1, expert_hidden=512, n_dense_layers=1, balance="bias",
+                seq_len=1024, micro_batch=32, batch_tokens=131072, max_steps=5000, warmup_steps=200,
+                lr=1e-3, log_every=20, eval_every=500, val_tokens=262144, sample_every=1000,
+                sample_tokens=160, ckpt_every=500),
+}
+
+p = argparse.ArgumentParser(prog="train_pretrain.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+a = p.add_argument
+a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra source: a directory (files by "
+  "--data-ext) or a .jsonl file (--text-field); repeatable; NAME: data, data2, ...; weight it in --mix")
+a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built in: stdlib (this "
+  "interpreter's Python stdlib), tasks (solved env train-split tasks)")
+a("--data-ext", default=".py", help="comma list of file extensions read from --data directories")
+a("--text-field", default="text", help="JSON field holding the document in --data JSONL files")
+a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
+a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
+a("--max-file-kb", type=float, default=1024, help="skip (and count) files/documents larger than this")
+a("--val-frac", type=float, default=0.02, help="fraction of documents (by content hash) held out for validation")
+a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose prompts never reach "
+  "training; HumanEval and canary prompts are always excluded")
+a("--cache-dir", help="token/tokenizer cache, default OUT_DIR/cache; share it between runs")
+a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained once per corpus, cached)")
+a("--tok-train-mb", type=float, help="MB of training documents, shared by mix weight, the BPE is trained on")
+a("--tokenizer", help="use this tokenizer.json instead of training one")
+# architecture (ignored with --init-from / --resume, which use the checkpoint's; --upcycle reads the MoE ones)
+for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"), ("n-head", "query heads"),
+                   ("n-kv-head", "key/value heads (grouped-query attention)"), ("top-k", "experts per token"),
+                   ("n-expert", "routed experts per MoE layer (--n-expert 1 --top-k 1: dense)"),
+                   ("n-shared-expert", "always-on shared experts"), ("expert-hidden", "hidden width of an expert"),
+                   ("n-dense-layers", "leading blocks with a dense MLP")]:
+    a(f"--{flag}", type=int, help=text)
+a("--balance", choices=["aux", "bias", "none"], help="MoE balancing: Switch aux loss + z-loss, DeepSeek-V3 "
+  "aux-loss-free bias, none")
+a("--seq-len", type=int, help="training context; with --init-from: default the checkpoint's, longer = "
+  "context extension (NTK-aware RoPE base scaling)")
+a("--init-from", help="checkpoint to continue pretraining from (weights + tokenizer; fresh optimizer, LR re-warmup)")
+a("--upcycle", action="store_true", help="sparse-upcycle the dense --init-from checkpoint to --n-expert/--top-k")
+a("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt (optimizer, step, data "
+  "position, RNG): rerun the same command plus --resume")
+a("--lr", type=float, help="peak learning rate (AdamW)")
+a("--min-lr-frac", type=float, default=0.0, help="LR at the end of the decay, as a fraction of --lr")
+a("--warmup-steps", type=int, help="linear warmup steps")
+a("--decay-frac", type=float, default=0.2, help="final fraction of --max-steps with linear LR decay (WSD)")
+a("--weight-decay", type=float, default=0.1, help="AdamW decay of matmul weights (not norms/embeddings)")
+a("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
+a("--batch-tokens", type=int, help="global batch in tokens, the same whatever the number of processes")
+a("--micro-batch", type=int, help="sequences per forward pass per process (gradient accumulation fills the rest)")
+a("--max-steps", type=int, help="optimizer steps (the LR schedule spans them)")
+a("--stop-at-step", type=int, default=0, help="stop and checkpoint after this step, schedule unchanged "
+  "(a time slot; --resume continues); 0 = off")
+a("--compile", action="store_true", help="torch.compile the model")
+a("--log-every", type=int, help="steps between MoE metric records (loss etc. are logged every step)")
+a("--eval-every", type=int, help="steps between validation loss / bits-per-byte (and at the end)")
+a("--val-tokens", type=int, help="validation tokens per source")
+a("--sample-every", type=int, help="steps between generated samples for an env test prompt (0 = off)")
+a("--sample-tokens", type=int, help="tokens per generated sample")
+a("--ckpt-every", type=int, help="steps between checkpoints (and at the end)")
+a("--peak-flops", type=float, default=0.0, help="peak FLOP/s per process for MFU; 0 = 989e12 on CUDA "
+  "(H100/H200 dense bf16), on CPU the measured rate of a 1024^3 fp32 matmul")
+a("--debug-nan-at-step", type=int, default=0, help="testing: make the loss NaN at this step")
+argv = sys.argv[1:]
+args = common.parse_args(p, PRESETS, argv)
+# flags typed on the command line (the preset fills the rest): these win over a checkpoint's values
+given = {x.dest for x in p._actions for s in x.option_strings for t in argv if t == s or t.startswith(s + "=")}
+
+# ---------------------------------------------------------------------------------------------
+# Setup. Bad arguments die on every rank before any collective, so nothing hangs.
+
+rank, local_rank, world, device = common.setup_ddp(args.device)
+ddp, master = world > 1, rank == 0
+os.makedirs(args.out_dir, exist_ok=True)
+cache_dir = args.cache_dir or os.path.join(args.out_dir, "cache")
+ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
+metrics_path = os.path.join(args.out_dir, "metrics.jsonl")
+torch.manual_seed(args.seed)
+t_start = time.time()
+
+# A checkpoint to start from brings its tokenizer, architecture and (unless --seq-len is given)
+# context length; --resume also brings the run's own arguments, so a changed preset cannot alter
+# a run midway (flags typed now still win). load_checkpoint dies with one line on a bad file.
+resume = ckpt_path if args.resume and os.path.isfile(ckpt_path) else None
+if args.resume and not resume and not args.init_from:
+    common.die(f"--resume: no checkpoint at {ckpt_path} (and no --init-from to start from)")
+init = ckpt = tok = None
+if resume or args.init_from:
+    init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="cpu")
+    if resume:
+        keep = given | {"resume", "stop_at_step", "debug_nan_at_step"}   # run control, not the run's definition
+        vars(args).update({k: v for k, v in ckpt["args"].items() if k not in keep})
+    if "seq_len" not in given and not resume:
+        args.seq_len = init.config.seq_len
+if args.upcycle and not args.init_from:
+    common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
+user_data = {}
+for spec in args.data:       # unnamed sources: data, data2, data3, ...
+    unnamed = sum(n == "data" or re.fullmatch(r"data\d+", n) is not None for n in user_data)
+    name, _, path = spec.partition("=") if re.match(r"^\w+=", spec) else (f"data{unnamed + 1 if unnamed else ''}", "", spec)
+    path = os.path.expanduser(path)
+    if name in ("stdlib", "tasks", *user_data):
+        common.die(f"--data {spec!r}: source name {name!r} is already taken")
+    if not os.path.exists(path):
+        common.die(f"--data {spec!r}: no such file or directory {path!r}")
+    user_data[name] = path
+mix = {}
+for part in filter(None, args.mix.split(",")):
+    name, _, w = (x.strip() for x in part.partition("="))
+    try:
+        mix[name] = float(w)
+    except ValueError:
+        common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
+    if name not in ("stdlib", "tasks", *user_data):
+        common.die(f"--mix: unknown source {name!r} (known: {', '.join(['stdlib', 'tasks', *user_data])})")
+    if not 0 <= mix[name] < math.inf:
+        common.die(f"--mix: the weight of {name!r} must be a finite number >= 0")
+for name in user_data:
+    if mix.get(name, 0) <= 0:
+        common.die(f"--data source {name!r} has no weight in --mix (e.g. --mix {args.mix},{name}=0.3)")
+mix = {n: w for n, w in mix.items() if w > 0}
+if not mix:
+    common.die("--mix: all weights are zero")
+
+if tok is None and args.tokenizer:
+    try:
+        tok = Tokenizer.load(args.tokenizer)
+    except (OSError, ValueError) as e:
+        common.die(f"--tokenizer: {e}")
+T, mbs = args.seq_len, args.micro_batch
+accum, rem = divmod(args.batch_tokens, mbs * T * world)
+if rem or not accum:
+    common.die(f"--batch-tokens {args.batch_tokens} must be a positive multiple of micro-batch * seq-len * "
+               f"processes = {mbs} * {T} * {world}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data. Each source is a list of documents; documents are ordered and split by hashes of their
+# path / content, so corpus, split and caches are deterministic and need no stored file lists.
+
+def sha(s):
+    return hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def capped(docs, mb):
+    """Documents in order until `mb` MB of text (0 = all); lazy, so files past the cap are never read."""
+    total = 0
+    for d in docs:
+        if mb and total >= mb * 1e6:
+            return
+        total += len(d)
+        yield d
+
+
+def read_files(root, exts, skipped, skip_dir=lambda name: False):
+    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
+    capped). Huge, binary (NUL bytes), non-UTF-8 and empty files are skipped and counted, not fatal."""
+    paths = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not skip_dir(x)]
+        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
+    for path in sorted(paths, key=lambda q: sha(os.path.relpath(q, root))):
+        why = "huge" if os.path.getsize(path) > args.max_file_kb * 1e3 else None
+        if not why:
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                text = data.decode("utf-8")
+                why = "binary" if "\0" in text else None if text.strip() else "empty"
+            except UnicodeDecodeError:
+                why = "binary" if b"\0" in data else "non_utf8"
+        if why:
+            skipped[why] += 1
+        else:
+            yield text
+
+
+def read_jsonl(path, skipped):
+    """Documents of a JSONL file (field --text-field), in line-hash order."""
+    with open(path, "rb") as f:
+        lines = sorted((ln for ln in f.read().splitlines() if ln.strip()), key=lambda b: hashlib.sha256(b).digest())
+    for line in lines:
+        try:
+            text = json.loads(line)[args.text_field]
+            text.encode("utf-8")                     # a str without lone surrogates ("\ud800")
+        except Exception:
+            skipped["bad_json"] += 1
+            continue
+        why = "huge" if len(line) > args.max_file_kb * 1e3 else None if text.strip() else "empty"
+        if why:
+            skipped[why] += 1
+        else:
+            yield text
+
+
+def load_source(name, skipped):
+    if name == "stdlib":   # the running interpreter's stdlib, the same files tokenizer.stdlib_texts uses
+        skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
+        docs = read_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip)
+    elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
+        docs = map(env.corpus_text, env.generate_tasks("train", args.tasks_n, seed=args.seed))
+    elif os.path.isdir(user_data[name]):
+        docs = read_files(user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}, skipped)
+    else:
+        docs = read_jsonl(user_data[name], skipped)
+    return capped(docs, args.source_mb)
+
+
+def heldout_index():
+    """Never trained on: env test-split prompts (what eval.py/train_rl.py measure), canaries and
+    HumanEval, as {def line: statements (next line, whitespace-normalised)}. A document leaks if it
+    holds both (reformatted copies too); train tasks that merely share a signature with a test task
+    (env holds out parameter combinations, e.g. other thresholds) are kept."""
+    prompts = [env.render_prompt(t) for t in env.generate_tasks("test", args.holdout_n, seed=0) + env.canary_tasks()]
+    index = {}
+    for lines in (pr.splitlines() for pr in prompts + [t.prompt for t in env.load_humaneval()]):
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("def "):
+                statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
+                index.setdefault(line.strip(), set()).add(" ".join(statement.split()))
+    return index
+
+
+def is_heldout(doc, index):
+    hits = [index[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in index]
+    flat = " ".join(doc.split()) if hits else ""
+    return any(st in flat for statements in hits for st in statements)
+
+
+def prepare_data(tok):
+    """Load, dedupe, filter, split, (train the tokenizer), tokenize into memmapped caches. Rank 0."""
+    index, info, splits = heldout_index(), {}, {}
+    for name in mix:
+        skipped, seen, train, val = Counter(), set(), [], []
+        for doc in load_source(name, skipped):
+            h = sha(doc)
+            if h in seen or is_heldout(doc, index):
+                skipped["duplicate" if h in seen else "heldout"] += 1
+                continue
+            seen.add(h)
+            (val if int(h[:8], 16) < args.val_frac * 16 ** 8 else train).append((h, doc))
+        if not train:
+            common.die(f"source {name!r} ({user_data.get(name, name)}) has no usable documents "
+                       f"(skipped: {dict(skipped) or 'none found'})")
+        if not val and len(train) > 1:     # a tiny source: hold out its smallest-hash document
+            val.append(train.pop(min(range(len(train)), key=lambda i: train[i][0])))
+        splits[name] = (train, val)
+        info[name] = {"docs": len(train) + len(val), "val_docs": len(val), "skipped": dict(skipped)}
+    os.makedirs(cache_dir, exist_ok=True)
+    if tok is None:   # BPE on the train documents, each source's share by its mix weight; cached
+        texts = [d for name, (train, _) in splits.items()
+                 for d in capped((d for _, d in train), args.tok_train_mb * mix[name] / sum(mix.values()))]
+        with open(tokenizer.__file__) as f:   # keyed by the trainer's code too: a changed trainer retrains
+            key = sha(json.dumps([args.vocab_size, sha(f.read()), [sha(t) for t in texts]]))[:16]
+        path = os.path.join(cache_dir, f"tokenizer-{key}.json")
+        if os.path.isfile(path):
+            tok = Tokenizer.load(path)
+        else:
+            t0 = time.time()
+            tok = train_tokenizer(texts, args.vocab_size)
+            tok.save(path)
+            print(f"tokenizer: {tok.vocab_size} tokens, trained on {sum(map(len, texts)) / 1e6:.1f} MB "
+                  f"in {time.time() - t0:.1f}s", file=sys.stderr)
+    dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+    paths = {}
+    for name, parts in splits.items():
+        for split, docs in zip(("train", "val"), parts):
+            key = sha(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs]]))[:16]
+            path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
+            if os.path.isfile(path):
+                continue
+            tmp = f"{path}.tmp.{os.getpid()}"   # written in full, then renamed: never half a cache
+            with open(tmp, "wb") as f:
+                for i in range(0, len(docs), 512):   # each document followed by end-of-text
+                    for ids in tok.encode_batch([d for _, d in docs[i:i + 512]]):
+                        np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
+            os.replace(tmp, path)
+    return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
+
+
+prep = [prepare_data(tok) if master else None]
+if ddp:
+    dist.broadcast_object_list(prep, src=0)   # the other ranks wait here, then map the same caches
+prep = prep[0]
+tok = Tokenizer.from_dict(prep["tokenizer"])
+if master:
+    tok.save(os.path.join(args.out_dir, "tokenizer.json"))
+data = {k: np.memmap(path, dtype=prep["dtype"], mode="r") if os.path.getsize(path) else np.zeros(0, np.uint16)
+        for k, path in prep["paths"].items()}
+names = list(mix)
+for name in names:
+    if len(data[f"{name}/train"]) <= T:
+        common.die(f"source {name!r} has only {len(data[name + '/train'])} training tokens; need more than --seq-len {T}")
+weights = np.array([mix[n] for n in names]) / sum(mix.values())
+lens = np.array([len(data[f"{n}/train"]) for n in names])
+
+
+def get_batch(step):
+    """This rank's rows of the global batch of `step`: (accum * micro_batch, T + 1) tokens. The
+    global batch is a function of (seed, step) alone (counter-based RNG): the data position in a
+    checkpoint is just the step, resume is exact, and any number of processes sees the same
+    global batch (rank r takes slots r, r + world, ...), so DDP losses equal single-process ones."""
+    rng = np.random.default_rng([args.seed, 1, step])
+    n = accum * mbs * world
+    src = rng.choice(len(names), size=n, p=weights)
+    starts = (rng.random(n) * (lens[src] - T)).astype(np.int64)
+    rows = [(m * world + rank) * mbs + j for m in range(accum) for j in range(mbs)]
+    xy = np.stack([data[f"{names[src[i]]}/train"][starts[i]:starts[i] + T + 1] for i in rows]).astype(np.int64)
+    return torch.from_numpy(xy).to(device, non_blocking=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model: from scratch, from --init-from (optionally upcycled / context-extended), or resumed.
+
+if init is None:
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=T, **{k: getattr(args, k) for k in ARCH}))
+else:
+    model = init
+    if args.upcycle and not resume:
+        if model.config.n_expert != 1:
+            common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
+        model = upcycle(model, args.n_expert, args.top_k, args.n_shared_expert, balance=args.balance)
+    cfg = model.config
+    if T > cfg.seq_len and not resume:
+        # Context extension, NTK-aware RoPE scaling (bloc97 2023; Code Llama raises the base for the
+        # same reason): base * s^(d/(d-2)), s = new/old length, d = head dim, stretches the lowest
+        # frequency exactly s times so the longest wavelengths span the new length, while the
+        # highest frequencies (local word order) barely move. A short phase at the new length adapts.
+        d = cfg.n_embd // cfg.n_head
+        theta = cfg.rope_theta * (T / cfg.seq_len) ** (d / (d - 2))
+        if master:
+            print(f"context extension {cfg.seq_len} -> {T}: rope_theta {cfg.rope_theta:g} -> {theta:g}", file=sys.stderr)
+        sd = model.state_dict()
+        model = GPT(dataclasses.replace(cfg, seq_len=T, rope_theta=theta))
+        model.load_state_dict(sd)   # RoPE is computed on the fly: same weights
+if tok.vocab_size > model.config.vocab_size:
+    common.die(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
+raw = model.to(device)
+if args.compile:
+    if device.type == "cpu":   # F.grouped_mm's compile-time kernel is bf16-only: per-expert matmuls instead
+        MoE.dispatch = "sorted"
+    model = torch.compile(model)
+if ddp:
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+n_total, n_active = raw.num_params()
+
+# AdamW. Weight decay only on matmul weights (ndim >= 2, stacked experts included): norm gains are
+# scales whose pull to 0 fights the normalisation, and decoupled decay would shrink the embedding
+# rows of rare tokens every step even without a gradient (nanoGPT, OLMo do the same).
+emb = {id(m.weight) for m in raw.modules() if isinstance(m, nn.Embedding)}
+params = [q for q in raw.parameters() if q.requires_grad]
+decay = [q for q in params if q.ndim >= 2 and id(q) not in emb]
+no_decay = [q for q in params if q.ndim < 2 or id(q) in emb]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
+                              eps=1e-8, fused=device.type == "cuda")
+start_step = 0
+if resume:
+    optimizer.load_state_dict(ckpt["optimizer"])
+    start_step = ckpt["step"]
+    common.set_rng_state(ckpt["rng"])
+
+
+def lr_at(step):
+    """Warmup-Stable-Decay (MiniCPM, Hu et al. 2024; Hägele et al. 2024): linear warmup, a plateau,
+    linear decay over the last --decay-frac. The plateau does not depend on the run length (unlike
+    cosine), so a stable-phase checkpoint can be continued or decayed later; --init-from warms up
+    again because its fresh optimizer has no moment estimates yet."""
+    decay_start = int(args.max_steps * (1 - args.decay_frac))
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    if step < decay_start:
+        return args.lr
+    frac = (args.max_steps - step) / max(1, args.max_steps - decay_start)
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * frac)
+
+
+# UTF-8 bytes per token for bits-per-byte; end-of-text/pad count 0 bytes and are left out of the
+# sum (as eval.bits_per_byte and nanochat do), so bpb compares across tokenizers.
+token_bytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
+token_bytes[[tok.eot_id, tok.pad_id]] = 0
+
+
+@torch.no_grad()
+def evaluate():
+    """Validation CE (nats/token) and bits-per-byte per source and pooled, on fixed windows of the
+    first --val-tokens of each source's validation stream. Every rank evaluates the same windows
+    (they are few): no collective needed, and no-grad forwards never touch the MoE load counters."""
+    raw.eval()
+    out, tot = {}, np.zeros(4)
+    for name in names:
+        arr = data[f"{name}/val"]
+        n = min(len(arr) - 1, args.val_tokens) // T
+        if n <= 0:
+            continue
+        xy = torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device)
+        xs, ys = xy[:-1].view(n, T), xy[1:].view(n, T)
+        s = np.zeros(4)   # nats (all targets), targets, nats (targets with bytes), bytes
+        for i in range(0, n, mbs):
+            with common.autocast(device):
+                logits, _ = raw(xs[i:i + mbs])
+            y = ys[i:i + mbs].reshape(-1)
+            nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y, reduction="none")
+            nb = token_bytes[y]
+            s += [nll.sum().item(), y.numel(), nll[nb > 0].sum().item(), nb.sum().item()]
+        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], s[2] / (math.log(2) * s[3])
+        tot += s
+    raw.train()
+    if tot[1]:
+        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], tot[2] / (math.log(2) * tot[3])
+    return out
+
+
+sample_task = env.generate_tasks("test", 1, seed=args.seed)[0]
+
+
+def sample_text(step):
+    """A short completion of a held-out env prompt, to watch the model learn to write code."""
+    gen = torch.Generator(device=device).manual_seed(args.seed + step)   # not the training RNG
+    raw.eval()
+    out = raw.generate([tok.encode(env.render_prompt(sample_task))], args.sample_tokens, temperature=0.8,
+                       stop_ids=(tok.eot_id,), generator=gen)[0]
+    raw.train()
+    return env.extract_completion(tok.decode(out["tokens"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training loop
+
+# MFU's peak: 989e12 on CUDA (H100/H200 dense bf16). On CPU a datasheet peak means little on a
+# shared VM, so MFU is against what a 1024^3 fp32 matmul reaches here with this process's
+# threads (the fastest of 20, so a neighbour's load does not lower it): attainable-sgemm fraction.
+peak = args.peak_flops or (989e12 if device.type == "cuda" else None)
+if peak is None:
+    x, best = torch.randn(1024, 1024), float("inf")
+    for _ in range(20):
+        t0 = time.perf_counter()
+        x @ x
+        best = min(best, time.perf_counter() - t0)
+    peak = 2 * 1024 ** 3 / best
+peak *= world
+flops_per_token = raw.estimate_flops_per_token()
+tokens_per_step = accum * mbs * T * world
+if master:
+    print(f"model: {n_total / 1e6:.2f}M params, {n_active / 1e6:.2f}M active | {world} proc x {accum} accum x "
+          f"{mbs} seq x {T} = {tokens_per_step} tokens/step | mix: "
+          + ", ".join(f"{n} {w:.2f} ({lens[i] / 1e6:.2f}M tok)" for i, (n, w) in enumerate(zip(names, weights))),
+          file=sys.stderr)
+losses, step_times, val = [], [], {}
+bar = tqdm(range(start_step, args.max_steps), disable=not master, dynamic_ncols=True, file=sys.stderr,
+           initial=start_step, total=args.max_steps)
+for step in bar:
+    if args.stop_at_step and step >= args.stop_at_step:
+        break
+    t0 = time.perf_counter()
+    lr = lr_at(step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    xy = get_batch(step)
+    loss_sum = torch.zeros((), device=device)
+    for m in range(accum):
+        x, y = xy[m * mbs:(m + 1) * mbs, :-1], xy[m * mbs:(m + 1) * mbs, 1:]
+        with model.no_sync() if ddp and m < accum - 1 else nullcontext():   # all-reduce once per step
+            with common.autocast(device):
+                _, loss = model(x, y)
+            (loss / accum).backward()
+        loss_sum += loss.detach()
+    if step + 1 == args.debug_nan_at_step:
+        loss_sum *= float("nan")
+    gnorm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip or float("inf")).item()
+    loss_val = common.all_reduce_mean(loss_sum.item() / accum)
+    if not (math.isfinite(loss_val) and math.isfinite(gnorm)):   # same values on every rank: all stop
+        good = torch.load(ckpt_path, weights_only=False)["step"] if os.path.isfile(ckpt_path) else None
+        bar.close()
+        common.cleanup_ddp()
+        common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "
+                   f"before applying it; last good checkpoint: " + (f"{ckpt_path} (step {good})" if good else "none")
+                   + "; try a lower --lr, or --resume from it")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    raw.after_optimizer_step()       # aux-free bias update + reset of the global-batch load counters
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    step_times.append(time.perf_counter() - t0)
+    losses.append(loss_val)
+    tok_s = tokens_per_step / step_times[-1]
+    rec = {"step": step + 1, "loss": loss_val, "lr": lr, "grad_norm": gnorm, "tok_s": tok_s,
+           "mfu": flops_per_token * tok_s / peak, "tokens": (step + 1) * tokens_per_step}
+    last = step + 1 in (args.max_steps, args.stop_at_step)
+    if (step + 1) % args.log_every == 0 or last:
+        rec.update(raw.moe_metrics())
+    if (step + 1) % args.eval_every == 0 or last:
+        val = evaluate()
+        rec.update(val)
+        if master and val:
+            tqdm.write(f"step {step + 1}: val loss {val['val_loss']:.4f}, {val['val_bpb']:.4f} bits/byte", file=sys.stderr)
+    if master and args.sample_every and ((step + 1) % args.sample_every == 0 or last):
+        rec["sample"] = sample_text(step + 1)
+        tqdm.write(f"--- sample, step {step + 1}:\n{env.render_prompt(sample_task)}{rec['sample']}\n---", file=sys.stderr)
+    if master:
+        common.log_metrics(metrics_path, rec)
+        bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{tok_s:.0f}", mfu=f"{100 * rec['mfu']:.1f}%", lr=f"{lr:.2e}")
+    if ((step + 1) % args.ckpt_every == 0 or last) and master:   # data position = the step (see get_batch)
+        common.save_checkpoint(ckpt_path, raw, tok, optimizer=optimizer.state_dict(), step=step + 1,
+                               rng=common.rng_state(), data={"seed": args.seed, "step": step + 1},
+                               args=vars(args), init_from=args.init_from, val=val, kind="pretrain")
+bar.close()
+steps_done = start_step + len(losses)
+val = val if losses else evaluate()   # nothing left to train (already at --max-steps): report the checkpoint
+
+# ---------------------------------------------------------------------------------------------
+# Summary: the last stdout line, one JSON object.
+if master:
+    timed = step_times[1:] or step_times   # the first step pays for allocator warmup / compilation
+    tps = tokens_per_step * len(timed) / sum(timed) if timed else 0.0
+    common.print_summary({
+        "train_loss": float(np.mean(losses[-10:])) if losses else None,   # mean of the last 10 steps
+        "val_loss": val.get("val_loss"), "val_bpb": val.get("val_bpb"), "tokens_per_s": tps,
+        "mfu": flops_per_token * tps / peak, "params_total": n_total, "params_active": n_active,
+        "ckpt": ckpt_path, "tokenizer": os.path.join(args.out_dir, "tokenizer.json"), "steps": steps_done,
+        "tokens": steps_done * tokens_per_step, "wall_s": time.time() - t_start, "out_dir": args.out_dir,
+        "data": prep["info"], "caches": prep["paths"]})
+common.cleanup_ddp()
