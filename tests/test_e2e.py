@@ -1,0 +1,60 @@
+"""End to end: run.sh with the smoke presets (pretraining -> RL -> eval) in a temporary directory;
+every artefact must exist and every metric of every stage's summary must be finite."""
+import json
+import math
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def finite_numbers(obj, path=""):
+    """Yield (path, value) for every number inside a JSON value."""
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, (int, float)):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from finite_numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from finite_numbers(v, f"{path}[{i}]")
+
+
+def test_run_sh_smoke_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PRESET="smoke", OUT=str(out))
+    p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for rel in ["pretrain/ckpt.pt", "pretrain/metrics.jsonl", "pretrain/tokenizer.json", "rl/ckpt.pt",
+                "rl/metrics.jsonl", "eval/eval.md", "eval/eval.json", "pretrain.log", "rl.log", "eval.log"]:
+        assert (out / rel).is_file() and (out / rel).stat().st_size > 0, rel
+    summaries = {s: json.loads((out / f"{s}.json").read_text()) for s in ("pretrain", "rl", "eval")}
+    for stage, summary in summaries.items():
+        numbers = list(finite_numbers(summary))
+        assert numbers, stage
+        bad = [(k, v) for k, v in numbers if not math.isfinite(v)]
+        assert not bad, (stage, bad)
+    assert summaries["pretrain"]["val_bpb"] > 0
+    for key in ("pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after"):
+        assert 0.0 <= summaries["rl"][key] <= 1.0, key
+    for line in (out / "rl" / "metrics.jsonl").read_text().splitlines():
+        for k, v in finite_numbers(json.loads(line)):
+            assert math.isfinite(v), (k, v)
+    # the side-by-side table has a column for each checkpoint
+    table = (out / "eval" / "eval.md").read_text()
+    assert "pretrained" in table and "rl" in table
+    assert set(summaries["eval"]["checkpoints"]) == {"pretrained", "rl"}
+    assert "artefacts:" in p.stdout
+
+
+def test_run_sh_stops_at_first_failing_stage(tmp_path):
+    """A broken stage stops the script with that stage's error, and later stages never run."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PRESET="no-such-preset", OUT=str(out))
+    p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "stage pretrain failed" in p.stderr
+    assert "invalid choice" in p.stderr           # argparse's own message, shown from the stage log
+    assert not (out / "rl.log").exists()
