@@ -7,6 +7,7 @@ way and end with the same one-line JSON summary. Keeping that here means one def
 while every script still reads top to bottom.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -157,6 +158,19 @@ def set_rng_state(state):
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The pretraining train/validation split, by content hash: train_pretrain.py splits with it and
+# eval.py finds the same held-out stdlib documents with it for bits-per-byte.
+
+def doc_hash(text):
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def is_validation(h, val_frac):
+    """A document (by its doc_hash) is validation when the hash's first 32 bits fall below val_frac."""
+    return int(h[:8], 16) < val_frac * 16 ** 8
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ Both modes end with one JSON line on stdout (common.print_summary).
 Importable (train_rl.py uses pass_at_k, sample_completions, evaluate_tasks, bits_per_byte).
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -276,13 +275,13 @@ def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
 def heldout_code_texts(val_frac=0.02):
     """Held-out code for bits-per-byte, two sources that pretraining never trains on:
     stdlib: the stdlib files train_pretrain.py holds out for validation (same file selection as
-      tokenizer.stdlib_texts; validation = sha256(content)[:8] < val_frac * 16^8, its default
+      tokenizer.stdlib_texts; common.is_validation with its default
       --val-frac 0.02), in hash order;
     tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
     stdlib = []
     for text in tokenizer.stdlib_texts():
-        h = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-        if int(h[:8], 16) < val_frac * 16 ** 8:
+        h = common.doc_hash(text)
+        if common.is_validation(h, val_frac):
             stdlib.append((h, text))
     return {"stdlib": [t for _, t in sorted(stdlib)],
             "tasks": [env.corpus_text(t) for t in env.generate_tasks("test", 200, seed=0)]}

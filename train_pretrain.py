@@ -211,10 +211,6 @@ if rem or not accum:
 # Data. Each source is a list of documents; documents are ordered and split by hashes of their
 # path / content, so corpus, split and caches are deterministic and need no stored file lists.
 
-def sha(s):
-    return hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def capped(docs, mb):
     """Documents in order until `mb` MB of text (0 = all); lazy, so files past the cap are never read."""
     total = 0
@@ -232,7 +228,7 @@ def read_files(root, exts, skipped, skip_dir=lambda name: False):
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if not skip_dir(x)]
         paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
-    for path in sorted(paths, key=lambda q: sha(os.path.relpath(q, root))):
+    for path in sorted(paths, key=lambda q: common.doc_hash(os.path.relpath(q, root))):
         why = "huge" if os.path.getsize(path) > args.max_file_kb * 1e3 else None
         if not why:
             with open(path, "rb") as f:
@@ -306,12 +302,12 @@ def prepare_data(tok):
     for name in mix:
         skipped, seen, train, val = Counter(), set(), [], []
         for doc in load_source(name, skipped):
-            h = sha(doc)
+            h = common.doc_hash(doc)
             if h in seen or is_heldout(doc, index):
                 skipped["duplicate" if h in seen else "heldout"] += 1
                 continue
             seen.add(h)
-            (val if int(h[:8], 16) < args.val_frac * 16 ** 8 else train).append((h, doc))
+            (val if common.is_validation(h, args.val_frac) else train).append((h, doc))
         if not train:
             common.die(f"source {name!r} ({user_data.get(name, name)}) has no usable documents "
                        f"(skipped: {dict(skipped) or 'none found'})")
@@ -324,7 +320,7 @@ def prepare_data(tok):
         texts = [d for name, (train, _) in splits.items()
                  for d in capped((d for _, d in train), args.tok_train_mb * mix[name] / sum(mix.values()))]
         with open(tokenizer.__file__) as f:   # keyed by the trainer's code too: a changed trainer retrains
-            key = sha(json.dumps([args.vocab_size, sha(f.read()), [sha(t) for t in texts]]))[:16]
+            key = common.doc_hash(json.dumps([args.vocab_size, common.doc_hash(f.read()), [common.doc_hash(t) for t in texts]]))[:16]
         path = os.path.join(cache_dir, f"tokenizer-{key}.json")
         if os.path.isfile(path):
             tok = Tokenizer.load(path)
@@ -338,7 +334,7 @@ def prepare_data(tok):
     paths = {}
     for name, parts in splits.items():
         for split, docs in zip(("train", "val"), parts):
-            key = sha(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs]]))[:16]
+            key = common.doc_hash(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs]]))[:16]
             path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
             if os.path.isfile(path):
                 continue
