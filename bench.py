@@ -242,25 +242,29 @@ def bench_pretrain(quick):
 
 
 def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
-    """Seconds per RL step of the cpu preset, split into generation / exposed sandbox wait /
-    training: (a) one generate call then the whole batch to the sandbox, (b) each quarter of the
-    batch goes to the sandbox pool while the next quarter is generated."""
+    """Seconds per RL step of the cpu preset (16 tasks x 8 samples), split into generation / exposed
+    sandbox wait / training: (a) one generate call, then the whole batch to the sandbox; (b) halves,
+    (c) quarters: each part goes to the sandbox pool while the next part is generated."""
     if not os.path.isfile(os.path.join(ROOT, ckpt)):
         print(f"  skipped: no {ckpt} (run `bash run.sh` first)", flush=True)
         return {}
     out = {}
-    for name, gen_batch in (("one_batch", 128), ("overlap", 32)):
+    names = {"one_batch": 128, "halves": 64, "quarters": 32}
+    for name, gen_batch in names.items():
         with tempfile.TemporaryDirectory() as tmp:
-            run_script(["train_rl.py", "--preset", "cpu", "--init-from", ckpt, "--out-dir", tmp, "--steps", "4",
-                        "--no-eval", "--canary-every", "0", "--warmup-steps", "1", "--gen-batch", str(gen_batch)])
+            run_script(["train_rl.py", "--preset", "cpu", "--init-from", ckpt, "--out-dir", tmp, "--steps", "8",
+                        "--no-eval", "--canary-every", "0", "--warmup-steps", "1", "--gen-batch", str(gen_batch),
+                        "--no-dynamic-sampling"])   # refills would make the two arms' batches differ
             rows = [json.loads(line) for line in open(os.path.join(tmp, "metrics.jsonl")) if '"eval"' not in line][1:]
         for k in ("gen_s", "sandbox_s", "train_s"):
             out[f"rl_{name}_{k}"] = sum(r[k] for r in rows) / len(rows)
         out[f"rl_{name}_step_s"] = sum(out[f"rl_{name}_{k}"] for k in ("gen_s", "sandbox_s", "train_s"))
-    out["rl_overlap_speedup"] = out["rl_one_batch_step_s"] / out["rl_overlap_step_s"]
+    for n in ("halves", "quarters"):
+        out[f"rl_{n}_speedup"] = out["rl_one_batch_step_s"] / out[f"rl_{n}_step_s"]
     print("  s/step (gen / sandbox wait / train): " + "   ".join(
         f"{n}: {out[f'rl_{n}_gen_s']:.2f} / {out[f'rl_{n}_sandbox_s']:.2f} / {out[f'rl_{n}_train_s']:.2f}"
-        for n in ("one_batch", "overlap")) + f"   overlap speedup {out['rl_overlap_speedup']:.2f}x", flush=True)
+        for n in names) + f"   overlap speedup: halves {out['rl_halves_speedup']:.2f}x, "
+                          f"quarters {out['rl_quarters_speedup']:.2f}x", flush=True)
     return out
 
 

@@ -38,15 +38,19 @@ def parse_args(parser, presets, argv=None):
     if "preset" not in have:
         parser.add_argument("--preset", choices=sorted(presets),
                             help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
-                                 "default: gpu if CUDA is visible else cpu; flags override")
+                                 "default: gpu if CUDA is visible else cpu; flags override; "
+                                 "--preset P --help shows P's values as the defaults")
     if "out_dir" not in have:
         parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
     if "seed" not in have:
         parser.add_argument("--seed", type=int, default=0, help="random seed")
     if "device" not in have:
         parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    pre, _ = parser.parse_known_args(argv)
-    preset = pre.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    # Read --preset first with a parser that has no --help, so that `--help` (handled by the full
+    # parse below) prints the chosen preset's values as the defaults rather than None.
+    pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
+    pre.add_argument("--preset", choices=sorted(presets))
+    preset = pre.parse_known_args(argv)[0].preset or ("gpu" if torch.cuda.is_available() else "cpu")
     unknown = set(presets[preset]) - {a.dest for a in parser._actions}
     assert not unknown, f"preset {preset} sets unknown options {unknown}"
     parser.set_defaults(**presets[preset])

@@ -495,7 +495,8 @@ def score_completions(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("Importable")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=type("Fmt", (argparse.RawDescriptionHelpFormatter,
+                                                             argparse.ArgumentDefaultsHelpFormatter), {}))
     p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
     p.add_argument("--label", action="append", default=[], help="short name per --ckpt (default: the path)")
     p.add_argument("--tasks", default=None,

@@ -10,7 +10,7 @@ PRESETS = {"smoke": {"steps": 3, "lr": 0.1}, "cpu": {"steps": 100, "lr": 0.01}, 
 
 
 def make_parser():
-    p = argparse.ArgumentParser(prog="demo.py")
+    p = argparse.ArgumentParser(prog="demo.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, help="steps")
     p.add_argument("--lr", type=float, help="learning rate")
     return p
@@ -24,6 +24,14 @@ def test_preset_sets_defaults_and_flags_override(tmp_path):
     args = common.parse_args(make_parser(), PRESETS, [])
     assert args.preset == ("gpu" if torch.cuda.is_available() else "cpu")
     assert args.out_dir == os.path.join("runs", f"demo-{args.preset}")
+
+
+def test_help_shows_the_chosen_presets_values(capsys):
+    for preset, lr in (("smoke", "0.1"), ("cpu", "0.01")):
+        with pytest.raises(SystemExit) as e:
+            common.parse_args(make_parser(), PRESETS, ["--preset", preset, "--help"])
+        assert e.value.code == 0
+        assert f"learning rate (default: {lr})" in " ".join(capsys.readouterr().out.split())
 
 
 def test_unknown_preset_is_an_argparse_error():

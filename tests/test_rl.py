@@ -199,6 +199,28 @@ def test_resume_is_exact(tiny_ckpt, tmp_path):
     for x, y in zip(ra, rb):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9)
         assert x["reward"] == pytest.approx(y["reward"], rel=1e-6)
+    # a fresh run (no --resume) into a used directory replaces the old run's log, as it does ckpt.pt
+    p = run(base + ["--out-dir", a, "--steps", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["step"] for r in metrics(a)] == [1]
+
+
+def test_dynamic_sampling_refills_zero_variance_groups(tiny_ckpt, tmp_path):
+    # The untrained model fails every task, so without a length penalty every group is all-zero:
+    # dynamic sampling draws fresh tasks up to --ds-max-tries more times, then skips the update.
+    base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--steps", "1"]
+    out = str(tmp_path / "ds")
+    p = run(base + ["--out-dir", out, "--dynamic-sampling", "--ds-max-tries", "2"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = metrics(out)
+    assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["stream_pos"] == [6]  # 3 rounds x 2 tasks
+    # --no-dynamic-sampling never refills: one round, nothing to train on
+    out = str(tmp_path / "no-ds")
+    p = run(base + ["--out-dir", out, "--no-dynamic-sampling"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = metrics(out)
+    assert r["rounds"] == 1 and r["trained_seqs"] == 0
 
 
 def test_ddp_two_processes_equal_one(tiny_ckpt, tmp_path):
