@@ -180,6 +180,13 @@ def is_validation(h, val_frac):
 # ---------------------------------------------------------------------------------------------
 # Logging
 
+def reset_metrics(path):
+    """A fresh run (not --resume) into a used run directory replaces its ckpt.pt, so it starts a new
+    metrics.jsonl too: one run's log never mixes with another's."""
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def log_metrics(path, record):
     """Append one JSON line (metrics.jsonl in the run directory)."""
     with open(path, "a") as f:

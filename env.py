@@ -18,7 +18,7 @@ No torch here: the sandbox workers must stay small and the trainer must not impo
 import argparse, concurrent.futures, dataclasses, gzip, json, math, os, queue, re, secrets, select
 import shutil, signal, subprocess, sys, tempfile, threading, time, warnings
 
-from tasks import FAMILIES, Task, canary_tasks, generate_tasks  # noqa: F401  (re-exported API)
+from tasks import FAMILIES, Task, canary_tasks, generate_tasks, parse_difficulties  # noqa: F401  (re-exported API)
 
 # ----------------------------------------------------------------------------- task files
 
@@ -436,7 +436,7 @@ def main(argv=None):
         p.add_argument("--split", choices=["train", "test"], default="test", help="task split")
         p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
         p.add_argument("--seed", type=int, default=0, help="generator seed")
-        p.add_argument("--difficulties", default="", help="comma-separated subset of 1..5 (default: all)")
+        p.add_argument("--difficulties", default="", help="subset of 1..5, e.g. 1-3 or 1,2,5 (default: all)")
         p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(FAMILIES)}")
         p.add_argument("--canaries", action="store_true", help="append the canary tasks")
         p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
@@ -447,9 +447,9 @@ def main(argv=None):
             p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
     a = ap.parse_args(argv)
     try:
-        diffs = [int(x) for x in a.difficulties.split(",") if x.strip()]
         fams = [x.strip() for x in a.families.split(",") if x.strip()]
-        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, diffs or None, fams or None)
+        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, parse_difficulties(a.difficulties),
+                                                                    fams or None)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -360,9 +360,9 @@ def evaluate_checkpoints(args):
         if getattr(args, name) < 1:
             common.die(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
-        difficulties = [int(d) for d in args.difficulties.split(",")] if args.difficulties else None
-    except ValueError:
-        common.die(f"--difficulties must be a comma list of integers 1-5, got {args.difficulties!r}")
+        difficulties = env.parse_difficulties(args.difficulties or "")
+    except ValueError as e:
+        common.die(f"--difficulties: {e}")
     device = common.pick_device(args.device)
     if args.tasks:
         test = load_task_set(args.tasks)[:args.n_tasks]
@@ -505,7 +505,7 @@ def main(argv=None):
     p.add_argument("--completions", default=None, help="samples JSONL (task_id, completion) to score; no model")
     p.add_argument("--n-tasks", type=int, help="held-out env test tasks (or first N of --tasks)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the env test split tasks")
-    p.add_argument("--difficulties", default=None, help="comma list of difficulties (1-5) for the test tasks")
+    p.add_argument("--difficulties", default=None, help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5")
     p.add_argument("--n-samples", type=int, help="samples per test task (pass@k needs n >= k)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")

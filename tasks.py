@@ -316,6 +316,18 @@ def _sample(split, seed, index, difficulties=None, families=None):
             return _build(v, params, names, r, f"{split}/{seed}/{index}"), key
     raise RuntimeError("could not sample a task for this split")
 
+def parse_difficulties(s: str):
+    """'1-3' or '1,2,5' -> [1, 2, 3] / [1, 2, 5]; '' -> None (every level). The --difficulties flag
+    of train_rl.py, eval.py and env.py; ValueError on anything else."""
+    levels = set()
+    for part in filter(None, s.replace(" ", "").split(",")):
+        a, _, b = part.partition("-")
+        try:
+            levels.update(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise ValueError(f"difficulties {s!r}: want e.g. 1-3 or 1,2,5") from None
+    return sorted(levels) or None
+
 def generate_tasks(split: str, n: int, seed: int = 0, difficulties=None, families=None) -> list[Task]:
     """n tasks, deterministic from (split, seed, index); unlimited; train/test disjoint by construction."""
     if split not in ("train", "test"):

@@ -157,8 +157,8 @@ t_start = time.time()
 resume = ckpt_path if args.resume and os.path.isfile(ckpt_path) else None
 if args.resume and not resume and not args.init_from:
     common.die(f"--resume: no checkpoint at {ckpt_path} (and no --init-from to start from)")
-if master and not resume and os.path.exists(metrics_path):
-    os.remove(metrics_path)                # a fresh run replaces ckpt.pt: its log must not mix with the old one
+if master and not resume:
+    common.reset_metrics(metrics_path)
 init = ckpt = tok = None
 if resume or args.init_from:
     init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="cpu")

@@ -162,18 +162,6 @@ def token_logprobs(model, idx, tgt, routes, temperature):
     return logp, entropy
 
 
-def parse_levels(s, flag):
-    """'1-3' or '1,2,5' -> [1, 2, 3] / [1, 2, 5]; '' -> None (every level)."""
-    levels = set()
-    try:
-        for part in filter(None, s.replace(" ", "").split(",")):
-            a, _, b = part.partition("-")
-            levels.update(range(int(a), int(b or a) + 1))
-    except ValueError:
-        common.die(f"{flag} {s!r}: want e.g. 1-3 or 1,2,5")
-    return sorted(levels) or None
-
-
 # ---------------------------------------------------------------------------------------------
 # Arguments
 
@@ -263,12 +251,15 @@ def main(argv=None):
         common.die("--init-from CKPT is required (a train_pretrain.py checkpoint)")
     if args.init_from and not os.path.isfile(args.init_from):
         common.die(f"--init-from: no checkpoint at {args.init_from!r}")
-    levels = parse_levels(args.difficulties or "", "--difficulties")
-    eval_levels = parse_levels(args.eval_difficulties or "", "--eval-difficulties")
+    try:
+        levels = env.parse_difficulties(args.difficulties or "")
+        eval_levels = env.parse_difficulties(args.eval_difficulties or "")
+    except ValueError as e:
+        common.die(f"--difficulties / --eval-difficulties: {e}")
     if master:
         os.makedirs(args.out_dir, exist_ok=True)
-        if not args.resume and os.path.exists(metrics_path):
-            os.remove(metrics_path)        # a fresh run replaces ckpt.pt: its log must not mix with the old one
+        if not args.resume:
+            common.reset_metrics(metrics_path)
 
     model, tok, state = common.load_checkpoint(ckpt_path if args.resume else args.init_from, device)
     if not args.resume:

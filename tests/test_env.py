@@ -57,6 +57,15 @@ def test_filters_and_validation():
         with pytest.raises(ValueError):
             env.generate_tasks(**{"split": "train", "n": 1, **bad})
 
+def test_parse_difficulties():
+    assert env.parse_difficulties("1-3") == [1, 2, 3]
+    assert env.parse_difficulties("5, 1,2") == [1, 2, 5]
+    assert env.parse_difficulties("1-2,4") == [1, 2, 4]
+    assert env.parse_difficulties("") is None
+    for bad in ["x", "1-y", "1;2"]:
+        with pytest.raises(ValueError, match="want e.g. 1-3"):
+            env.parse_difficulties(bad)
+
 def test_train_test_disjoint():
     """No test prompt can be produced by the train split. By construction: a task's split is a hash
     of its split key, and the key is a function of the prompt header (signature + description). We
