@@ -254,7 +254,7 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
         with tempfile.TemporaryDirectory() as tmp:
             run_script(["train_rl.py", "--preset", "cpu", "--init-from", ckpt, "--out-dir", tmp, "--steps", "8",
                         "--no-eval", "--canary-every", "0", "--warmup-steps", "1", "--gen-batch", str(gen_batch),
-                        "--no-dynamic-sampling"])   # refills would make the two arms' batches differ
+                        "--no-dynamic-sampling"])   # refills would make the arms' batches differ
             rows = [json.loads(line) for line in open(os.path.join(tmp, "metrics.jsonl")) if '"eval"' not in line][1:]
         for k in ("gen_s", "sandbox_s", "train_s"):
             out[f"rl_{name}_{k}"] = sum(r[k] for r in rows) / len(rows)

@@ -251,11 +251,13 @@ def main(argv=None):
         common.die("--init-from CKPT is required (a train_pretrain.py checkpoint)")
     if args.init_from and not os.path.isfile(args.init_from):
         common.die(f"--init-from: no checkpoint at {args.init_from!r}")
-    try:
-        levels = env.parse_difficulties(args.difficulties or "")
-        eval_levels = env.parse_difficulties(args.eval_difficulties or "")
-    except ValueError as e:
-        common.die(f"--difficulties / --eval-difficulties: {e}")
+    def levels_of(flag, value):                  # the error names the flag that was wrong
+        try:
+            return env.parse_difficulties(value or "")
+        except ValueError as e:
+            common.die(f"{flag}: {e}")
+    levels = levels_of("--difficulties", args.difficulties)
+    eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
     if master:
         os.makedirs(args.out_dir, exist_ok=True)
         if not args.resume:
