@@ -210,7 +210,7 @@ def test_fractional_reward(pool):
     ("    return x + 1 if x != 2 else 1 // 0\n", "runtime_error", "f(2) raised ZeroDivisionError"),
     ("    return undefined_name\n", "runtime_error", "NameError"),
     ("    return x + 1.0\n", "pass", ""),           # numbers compare by value (int vs float)
-    ("    return x + 1 + 1e-12\n", "pass", ""),     # float tolerance
+    ("    return x + 1 + 1e-12\n", "wrong_answer", ""),   # an int answer compares exactly (issue 12)
     ("    return x + 1.5\n", "wrong_answer", ""),
     ("    return str(x + 1)\n", "wrong_answer", "got '1'"),
     ("    return [x + 1]\n", "wrong_answer", ""),
@@ -228,6 +228,11 @@ def test_strict_types(pool):
                         ["    return 1 if x == 1 else 0\n", "    return x == 1\n", "    return (1, (2, 3))\n",
                          "    return {'a': True}\n", "    return {1: 1}\n"])
     assert [r.outcome for r in rs] == ["wrong_answer", "pass", "pass", "wrong_answer", "wrong_answer"], rs
+
+def test_float_tolerance_only_for_float_answers(pool):
+    floats = env.Task("t/f", "def g(x):\n", "g", inputs=[[1]], outputs=[0.1 + 0.2])
+    rs = pool.run_batch([floats] * 3, ["    return 0.3\n", "    return 0.3 + 1e-12\n", "    return 0.31\n"])
+    assert [r.outcome for r in rs] == ["pass", "pass", "wrong_answer"], rs
 
 def test_submit_batch_is_async(pool):
     fut = pool.submit_batch([add_task()] * 6, ["    return x + 1\n"] * 6)
