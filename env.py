@@ -266,6 +266,8 @@ class SandboxPool:
     candidate never sees the test, its constants or the verdict. Anything a candidate can cause is
     its own outcome; only a failure of the sandbox itself is `sandbox_error`.
     """
+    _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
+
     def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
                  output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
         self.workers, self.timeout_s = workers or os.cpu_count() or 1, timeout_s
@@ -273,7 +275,7 @@ class SandboxPool:
         self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
                                 "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
                                 "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
-                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir()})
+                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback})
         self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
         self._procs = [self._spawn() for _ in range(self.workers)]
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
@@ -290,7 +292,7 @@ class SandboxPool:
         p.info = self._recv(p, 30)["hello"]
         global _warned
         self.isolation = p.info
-        missing = [k for k in ("uid", "chroot", "nproc", "netns", "ipcns", "private_tmp", "tmpfs_per_run")
+        missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp", "tmpfs_per_run")
                    if not p.info[k]]
         if missing and not _warned:
             _warned = True
@@ -367,7 +369,9 @@ class SandboxPool:
         for text in rep["setup"]:              # written by our code before any program ran
             if text != "ok\n":
                 m = _messages(text)
-                why = str(m[0][1]) if m and m[0][0] == "setup_error" and len(m[0]) == 2 else "sandbox setup did not finish"
+                why = "sandbox setup did not finish"
+                if m and m[0][0] == "setup_error" and len(m[0]) == 2:
+                    why = str(m[0][1])
                 return res("sandbox_error", 0, why)
         kind = lambda k: k if k in _CHILD_KINDS else "runtime_error"   # never pass/sandbox_error
         limit = (f"output limit exceeded (more than {self.output_kb} KB printed)" if rep["over"] == "output"
@@ -518,8 +522,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         fams = [x.strip() for x in a.families.split(",") if x.strip()]
-        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, parse_difficulties(a.difficulties),
-                                                                    fams or None)
+        diffs = parse_difficulties(a.difficulties)
+        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, diffs, fams or None)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -530,7 +534,8 @@ def main(argv=None):
         summary["out"] = a.out
     elif a.cmd == "show":
         for t in tasks:
-            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} hidden_tests={len(t.inputs or []) - t.prompt.count('>>> ')}")
+            hidden = len(t.inputs or []) - t.prompt.count(">>> ")
+            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} hidden_tests={hidden}")
             print(corpus_text(t))
     else:
         with SandboxPool(a.workers, timeout_s=a.timeout) as pool:

@@ -47,7 +47,7 @@ import socket
 import sys
 import time
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE, MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
 IPC_LIMITS = {"/proc/sys/kernel/shmmni": "0", "/proc/sys/kernel/msgmni": "0", "/proc/sys/kernel/sem": "0 0 0 0",
               "/proc/sys/fs/mqueue/queues_max": "0"}
@@ -151,7 +151,8 @@ def place_fds(fds, stdout):
 def enter(cfg, iso, wd, uid):
     """Limits, chroot and uid drop, in the child, before any untrusted byte runs."""
     t = cfg["timeout"]
-    for res, lim in [(resource.RLIMIT_CPU, (int(t) + 1, int(t) + 2)), (resource.RLIMIT_AS, (cfg["memory_mb"] << 20,) * 2),
+    for res, lim in [(resource.RLIMIT_CPU, (int(t) + 1, int(t) + 2)),
+                     (resource.RLIMIT_AS, (cfg["memory_mb"] << 20,) * 2),
                      (resource.RLIMIT_FSIZE, (cfg["file_mb"] << 20,) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
                      (resource.RLIMIT_NPROC, (1, 1)),   # 1 = no fork, no threads: nothing outlives the child
                      (resource.RLIMIT_CORE, (0, 0))]:
@@ -297,12 +298,14 @@ def judge(cfg, iso, wd, uid):
 
 # ----------------------------------------------------------------------------- zygote
 
-def probe(iso, base):
+def probe(iso, base, fallback):
     """What actually works here: chroot (1), uid drop (2), RLIMIT_NPROC stops fork (4)."""
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
+            if fallback:
+                raise PermissionError("no chroot in the fallback path")
             os.chroot(base)
             os.chdir("/")
             code |= 1
@@ -331,18 +334,23 @@ def zygote(cfg, base, sock_fd):
         except Exception:
             pass
     iso = {"uid": cfg["uid"]}
-    code = probe(iso, base)
+    code = probe(iso, base, cfg["fallback"])
     iso.update(chroot=bool(code & 1), nproc=bool(code & 4), uid=iso["uid"] if code & 2 else None)
     gc.collect()
     gc.freeze()                            # fewer copy-on-write faults in the children
     sock.send(json.dumps(iso).encode())
+    live = set()
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, 4096, 8)
-        if not msg:
+        if not msg:                        # the supervisor is gone: so are the children
+            for pid in live:
+                kill_group(pid)
             os._exit(0)
         req = json.loads(msg)
         if "reap" in req:
+            kill_group(req["reap"])        # before reaping: the group id cannot be reused yet
             status = os.waitpid(req["reap"], 0)[1]
+            live.discard(req["reap"])
             sock.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
             continue
         pid = os.fork()
@@ -353,6 +361,7 @@ def zygote(cfg, base, sock_fd):
                 (judge if req["role"] == "judge" else candidate)(cfg, iso, req["wd"], req["uid"])
             finally:
                 os._exit(0)                # never return into the zygote loop; skips atexit
+        live.add(pid)
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps({"pid": pid}).encode())
@@ -364,8 +373,9 @@ class Supervisor:
 
     def __init__(self, cfg):
         self.cfg, self.n = cfg, 0
-        self.iso = {"netns": False, "ipcns": False, "private_tmp": False, "tmpfs_per_run": False}
-        self.libc = self._namespaces() if os.geteuid() == 0 else None
+        self.iso = {"netns": False, "pidns": False, "ipcns": False, "private_tmp": False, "tmpfs_per_run": False}
+        privileged = os.geteuid() == 0 and not cfg["fallback"]   # "fallback": test the no-root path as root
+        self.libc = self._namespaces() if privileged else None
         tmp = "/tmp" if self.iso["private_tmp"] else cfg["tmpdir"]
         self.base = os.path.join(tmp, "sandbox-%d" % os.getpid())
         remove_tree(self.base, time.monotonic() + 5)
@@ -373,7 +383,7 @@ class Supervisor:
         self.judge_root = os.path.join(self.base, "judge")   # empty, root-owned, read-only for the judge
         os.mkdir(self.judge_root, 0o555)
         self.null = os.open(os.devnull, os.O_RDWR)
-        uid = cfg["uid_base"] + 2 * os.getpid() if os.geteuid() == 0 else None   # unique among live workers
+        uid = cfg["uid_base"] + 2 * os.getpid() if privileged else None   # unique among live workers
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(dict(cfg, uid=uid)), "zygote",
                self.base, str(theirs.fileno())]
@@ -399,6 +409,9 @@ class Supervisor:
         except Exception:
             return None
         self.iso["netns"] = libc.unshare(CLONE_NEWNET) == 0
+        # the zygote (our next child) becomes pid 1 of a new pid namespace: when it dies, the kernel
+        # kills every candidate and judge, so nothing outlives a killed worker; they see no host pid
+        self.iso["pidns"] = libc.unshare(CLONE_NEWPID) == 0
         if libc.unshare(CLONE_NEWIPC) == 0:
             try:
                 for path, value in IPC_LIMITS.items():
@@ -487,24 +500,18 @@ class Supervisor:
         caps = {"out": cfg["output_bytes"], "res": cfg["result_bytes"], "verdict": 1 << 16,
                 "setup_c": 1 << 16, "setup_t": 1 << 16}
         must_end = set(watched) if not assert_mode else {pipes["verdict"][0], pipes["setup_t"][0]}
-        pidfds = {os.pidfd_open(p): k for k, p in pids.items()}
-        must_exit = {fd for fd, k in pidfds.items() if k == ("t" if assert_mode else "c")}
         bufs = {k: bytearray() for k in watched.values()}
         sizes = dict.fromkeys(watched.values(), 0)
         poller = select.poll()
-        for fd in list(watched) + list(pidfds):
+        for fd in watched:
             poller.register(fd, select.POLLIN)
         over, timed_out, deadline = None, False, t0 + cfg["timeout"]
-        while (must_end or must_exit) and not over:
+        while must_end and not over:          # a child's exit closes its pipes
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
             for fd, _ in poller.poll(int(left * 1000) + 1):
-                if fd in pidfds:
-                    must_exit.discard(fd)
-                    poller.unregister(fd)
-                    continue
                 name = watched[fd]
                 data = os.read(fd, 65536)
                 if not data:
@@ -515,13 +522,9 @@ class Supervisor:
                 bufs[name] += data[:max(0, caps[name] - len(bufs[name]))]
                 if sizes[name] > caps[name] and name in ("out", "res", "verdict"):
                     over = "output" if name == "out" else "result"
-        for p in pids.values():
-            kill_group(p)                  # before reaping: the group id cannot be reused yet
-        status = {k: self._reap(p) for k, p in pids.items()}
+        status = {k: self._reap(p) for k, p in pids.items()}   # killed, then reaped
         for fd, name in watched.items():  # the children are gone: what is left in the pipes, capped
             drain(fd, bufs[name], caps[name])
-            os.close(fd)
-        for fd in pidfds:
             os.close(fd)
         self._drop_workdir(wd, time.monotonic() + max(0.5, deadline - time.monotonic()))
         text = {k: v.decode("utf-8", "replace") for k, v in bufs.items()}
@@ -567,39 +570,50 @@ def kill_group(pid):
             pass
 
 def remove_tree(path, deadline):
-    """Remove a directory tree without recursion (a deep tree cannot overflow the stack) and without
-    ever raising; gives up at the deadline. True when nothing is left."""
-    stack = [path]
-    while stack and time.monotonic() < deadline:
-        top = stack[-1]
-        try:
-            os.chmod(top, 0o700)           # non-root: undo a program's chmod 000
-            entries = list(os.scandir(top))
-        except FileNotFoundError:
-            stack.pop()
-            continue
-        except BaseException:
-            entries = []
-        subdirs = []
-        for e in entries:
+    """Remove a directory tree without recursion and without long paths (a program can nest
+    directories deeper than the stack or PATH_MAX allow): every subdirectory is first moved up to
+    the top level, then emptied. Never raises; gives up at the deadline. True when nothing is left."""
+    try:
+        os.chmod(path, 0o700)              # non-root: undo a program's chmod 000
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except BaseException:
+        return False
+    moved, count = [], [0]                 # subdirectories moved to the top level, emptied in turn
+
+    def empty(fd):
+        for e in list(os.scandir(fd)):
             try:
                 if e.is_dir(follow_symlinks=False):
-                    subdirs.append(e.path)
+                    os.chmod(e.name, 0o700, dir_fd=fd)
+                    count[0] += 1
+                    name = ".rm-%d-%d" % (os.getpid(), count[0])
+                    os.rename(e.name, name, src_dir_fd=fd, dst_dir_fd=top)
+                    moved.append(name)
                 else:
-                    os.unlink(e.path)
+                    os.unlink(e.name, dir_fd=fd)
             except BaseException:
                 pass
-        if subdirs:
-            stack.extend(subdirs)
-            continue
-        try:
-            os.rmdir(top)
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            return False
-        stack.pop()
-    return not stack
+
+    try:
+        empty(top)
+        while moved and time.monotonic() < deadline:
+            name = moved.pop()
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+                try:
+                    empty(fd)
+                finally:
+                    os.close(fd)
+                os.rmdir(name, dir_fd=top)
+            except BaseException:
+                pass
+        os.close(top)
+        os.rmdir(path)
+        return True
+    except BaseException:
+        return False
 
 def main():
     cfg = json.loads(sys.argv[1])

