@@ -198,8 +198,9 @@ def candidate(cfg, iso, wd, uid):
     fn = g.get(job["entry"])
     if not callable(fn):
         return emit(5, ["load", "runtime_error", "NameError: %r is not defined" % job["entry"]])
-    calls = [(i, a) for i, a in enumerate(job["inputs"])] if job["inputs"] is not None else None
-    if calls is None:
+    if job["inputs"] is not None:
+        calls = enumerate(job["inputs"])
+    else:
         emit(5, ["ready"])
         calls = enumerate(open(6, "rb", closefd=False))  # the judge's calls, one line each
     for i, text in calls:
@@ -289,7 +290,7 @@ def judge(cfg, iso, wd, uid):
             raise CandidateFailed("wrong_answer", "the program wrote over its result channel")
         check(call)
     except CandidateFailed as e:
-        return emit(5, ["fail", e.outcome, describe(e)])
+        return emit(5, ["fail", e.outcome, str(e)[:300]])
     except AssertionError as e:
         return emit(5, ["fail", "wrong_answer", describe(e)])
     except BaseException as e:             # e.g. the test subtracts from a returned None

@@ -224,6 +224,8 @@ FORCE_SANDBOX_ERROR = {
     "unreadable_names": ("    import os\n    if x == 0:\n        os.mkdir(b'\\xff\\xfe')\n        os.mkdir(b'\\xff\\xfe/\\x01')\n"
                          "        os.chmod(b'\\xff\\xfe', 0)\n        os.chmod('.', 0o500)\n    return x + 1\n"),
     "close_result_fds": "    import os\n    os.closerange(0, 64)\n    return x + 1\n",
+    "kill_everyone": ("    import os\n    for pid in [-1] + list(range(1, 300)):\n        try:\n"
+                      "            os.kill(pid, 9)\n        except OSError:\n            pass\n    return x + 1\n"),
 }
 
 def test_candidate_cannot_force_sandbox_error():
@@ -232,6 +234,9 @@ def test_candidate_cannot_force_sandbox_error():
         t0 = time.time()
         rs = pool.run_batch([io_task()] * len(names), list(FORCE_SANDBOX_ERROR.values()))
         wall = time.time() - t0
+        rs += pool.run_batch([assert_task()] * 2, [FORCE_SANDBOX_ERROR["kill_everyone"],   # the judge too
+                                                   FORCE_SANDBOX_ERROR["close_result_fds"]])
+        names += ["assert_kill_everyone", "assert_close_result_fds"]
         after = pool.run_batch([io_task()] * 4, ["    return x + 1\n"] * 4)
     bad = {n: r for n, r in zip(names, rs) if r.outcome == "sandbox_error"}
     assert not bad, bad
@@ -250,12 +255,14 @@ RELOAD_CTYPES = (
 SHM_VIA_CTYPES = (
     "    import sys, _imp\n"
     "    path = sys.modules['math'].__file__.replace('math.', '_ctypes.')\n"
-    "    spec = type(sys.modules['math'].__spec__)('_ctypes', type(sys.modules['math'].__loader__)('_ctypes', path))\n"
+    "    loader = type(sys.modules['math'].__loader__)('_ctypes', path)\n"
+    "    spec = type(sys.modules['math'].__spec__)('_ctypes', loader, origin=path)\n"
     "    c = _imp.create_dynamic(spec)\n"
     "    class I(c._SimpleCData):\n        _type_ = 'l'\n"
     "    class F(c.CFuncPtr):\n        _flags_ = c.FUNCFLAG_CDECL\n        _restype_ = I\n"
-    "    shmget = F(c.dlsym(c.dlopen(None), 'shmget'))\n"
-    "    return x + 1 if shmget(0x5eed0000 + x, 1 << 20, 0o1666) >= 0 else None\n")
+    "    shmget = F(c.dlsym(c.dlopen(None, 2), 'shmget'))\n"
+    "    r = shmget(0x5eed0000 + x, 1 << 20, 0o1666)\n"
+    "    return x + 1 if getattr(r, 'value', r) >= 0 else None\n")
 
 def _host_shm_keys():
     with open("/proc/sysvipc/shm") as f:
