@@ -6,8 +6,9 @@ evaluated in (Composer 2 report, "harness parity"). Three parts:
      procedural generator (re-exported from tasks.py: 8 families x difficulty 1-5, train/test
      disjoint by construction, canary tasks).
   2. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program.
-  3. Sandbox: `SandboxPool`, warm fork-server workers that run each candidate in a fresh,
-     locked-down child process, and a judge in THIS process that turns what came back into a Result.
+  3. Sandbox: `SandboxPool`, warm workers (sandbox_worker.py) that run each candidate in a fresh,
+     locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process, the
+     judge of assert tests a separate process; what came back becomes a Result.
 
     python env.py show --split train --n 3                       # prompts + reference solutions
     python env.py export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
