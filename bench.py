@@ -175,7 +175,8 @@ def bench_sandbox(quick):
         t = best_time(lambda: check_all(pool.run_batch(typical, [x.solution for x in typical])), 1)
         out["sandbox_task_runs_per_s"] = n / t
         # assert mode (HumanEval): check() runs in a second, separate judge process per candidate
-        checked = env.Task("bench/assert", trivial.prompt, "f", test="def check(candidate):\n    assert candidate(1) == 2\n")
+        test = "def check(candidate):\n    assert candidate(1) == 2\n"
+        checked = env.Task("bench/assert", trivial.prompt, "f", test=test)
         t = best_time(lambda: check_all(pool.run_batch([checked] * (n // 2), [body] * (n // 2))), 1)
         out["sandbox_assert_runs_per_s"] = (n // 2) / t
         out["sandbox_isolation"] = {k: bool(v) for k, v in pool.isolation.items() if k != "pid"}
