@@ -1,7 +1,9 @@
 """Hostile completions: each must score 0 with the right outcome and leave the host untouched.
 
-All hostile code runs ONLY inside env.SandboxPool (never in this process). The whole list runs as
-one batch (fast on 2 cores); the individual tests then check each result.
+All hostile code runs ONLY inside env.SandboxPool (never in this process). The first list runs as
+one batch (fast on 2 cores); the individual tests then check each result. The second part (issue
+12, "round two") has one test per class of attack, an honest-but-unusual suite, and checks that
+nothing survives a run, a closed pool or a killed worker, plus the no-root fallback path.
     timeout 300 python -m pytest tests/test_sandbox_hostile.py -q -x
 """
 import ast
