@@ -368,7 +368,8 @@ _v("strings", 5, "most_common_char", "s",
    "Return the character that occurs most often in {s}; on a tie, the one that comes first. Return '' for an empty "
    "string.",
    "best = ''\nfor ch in {s}:\n    if best == '' or {s}.count(ch) > {s}.count(best):\n        best = ch\nreturn best")
-for fn, nm, doc in [("sum", "total", "the sum of the numbers in {xs1}"), ("max", "largest", "the largest number in {xs1}"),
+for fn, nm, doc in [("sum", "total", "the sum of the numbers in {xs1}"),
+                    ("max", "largest", "the largest number in {xs1}"),
                     ("min", "smallest", "the smallest number in {xs1}"),
                     ("len", "count_items", "the number of items in {xs1}"),
                     ("sorted", "sort_numbers", "the numbers in {xs1} sorted from smallest to largest")]:
@@ -640,8 +641,11 @@ def _identity(v, params):
 def _whole():
     """Identities of few-constant templates: trained whole, whichever template also produces them."""
     if "whole" not in _CACHE:
-        _CACHE["whole"] = {_identity(v, p) for v in _VARIANTS if not v.novel and _space(v) < _WHOLE_BELOW
-                           for p in _all_params(v)}
+        small = [(v, p) for v in _VARIANTS if _space(v) < _WHOLE_BELOW for p in _all_params(v)]
+        whole = {_identity(v, p) for v, p in small if not v.novel}
+        clash = [v.name for v, p in small if v.novel and _identity(v, p) in whole]
+        assert not clash, f"novel templates {clash} repeat a function that train holds"
+        _CACHE["whole"] = whole
     return _CACHE["whole"]
 
 
@@ -688,15 +692,16 @@ def _sample_params(v, r):
             return p
     raise RuntimeError(f"cannot satisfy constraints of {v.name}")
 
+
 def _function(v, params):
     """The variant's reference function with these constants, compiled once (argument names do not
     change what it returns: tests/test_env.py checks that)."""
     key = (v.family, v.name, tuple(sorted(params.items())))
     if key not in _FUNCTIONS:
         args = [f"_arg{i}" for i in range(len(v.sig))]
+        body = textwrap.indent(v.body.format(**dict(zip(v.sig, args)), **params), "    ")
         ns = {}
-        exec(f"def f({', '.join(args)}):\n" + textwrap.indent(v.body.format(**dict(zip(v.sig, args)), **params), "    "),
-             ns)
+        exec(f"def f({', '.join(args)}):\n{body}", ns)
         _FUNCTIONS[key] = ns["f"]
     return _FUNCTIONS[key]
 
