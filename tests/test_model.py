@@ -343,3 +343,53 @@ def test_ddp_global_loads_and_bias_all_reduced(tmp_path):
     expected = 1e-3 * torch.sign(load.mean() - load).float()
     assert torch.equal(r[0]["bias"]["bias"], r[1]["bias"]["bias"])
     torch.testing.assert_close(r[0]["bias"]["bias"], expected)
+
+
+def test_generate_takes_a_tensor_of_prompts():
+    model = tiny()
+    idx = torch.tensor([[5, 3, 9, 1], [1, 2, 3, 4]])
+    g = torch.Generator()
+    a = model.generate(idx, 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    b = model.generate(idx.tolist(), 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    assert [o["tokens"] for o in a] == [o["tokens"] for o in b] and len(a[1]["tokens"]) == 6
+    assert all(torch.equal(x["routes"], y["routes"]) for x, y in zip(a, b))
+    for bad in (idx[0], idx.float(), [[1, "a"]], 7):
+        with pytest.raises(ValueError, match="prompts must be a .B, T. integer tensor or a list of token-id lists"):
+            model.generate(bad, 2)
+
+
+def test_decode_threads_changes_speed_not_samples():
+    model = tiny()
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 4
+    threads = torch.get_num_threads()
+    outs = []
+    for n in (0, 1):
+        GPT.decode_threads = n
+        try:
+            outs.append(model.generate(prompts, 10, temperature=1.0, generator=torch.Generator().manual_seed(0)))
+        finally:
+            GPT.decode_threads = 1
+        assert torch.get_num_threads() == threads        # restored after generation
+    for a, b in zip(*outs):
+        assert a["tokens"] == b["tokens"]
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), rtol=0, atol=1e-5)
+
+
+def test_sampled_distribution_matches_full_forward():
+    """8000 samples of one prompt (prefilled once, its cache row fanned out to 8000 rows, retired in
+    bulk): the first token's empirical distribution is the full forward pass's softmax(logits / T),
+    and the second token's, given the most frequent first token, too. The LM head is scaled up so
+    the distribution is peaked: a wrong temperature (1.0 instead of 0.8) is off by ~0.12 in TV."""
+    model = tiny()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    p, n, temp = [5, 3, 9, 1], 8000, 0.8
+    outs = model.generate([p] * n, 2, temperature=temp, stop_ids=[7], generator=torch.Generator().manual_seed(0))
+    first = torch.tensor([o["tokens"][0] for o in outs])
+    t = int(torch.bincount(first).argmax())
+    second = torch.tensor([o["tokens"][1] for o in outs if o["tokens"][0] == t and len(o["tokens"]) == 2])
+    for prefix, drawn in (([], first), ([t], second)):
+        logits, _ = model(torch.tensor([p + prefix]))
+        probs = (logits[0, -1] / temp).softmax(-1)
+        freq = torch.bincount(drawn, minlength=probs.numel()) / len(drawn)
+        assert len(drawn) > 2000 and 0.5 * (freq - probs).abs().sum() < 0.04   # total variation, ~0.01 by chance
