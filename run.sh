@@ -3,6 +3,7 @@
 #   1. tokenizer + code corpus + continued pretraining of a small MoE   (train_pretrain.py)
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
 #   3. side-by-side evaluation of the pretrained and the RL checkpoint  (eval.py)
+#   4. figures of both runs' curves next to the evaluation table        (plot.py)
 # Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (<= 30 min on 2 cores)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
@@ -38,6 +39,7 @@ run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out
 RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
 run_stage eval python eval.py --preset "$PRESET" --ckpt "$PRE_CKPT" --ckpt "$RL_CKPT" \
   --label pretrained --label rl --out-dir "$OUT/eval"
+run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 
 echo
 echo "artefacts:"
