@@ -28,7 +28,8 @@ def test_run_sh_smoke_end_to_end(tmp_path):
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for rel in ["pretrain/ckpt.pt", "pretrain/metrics.jsonl", "pretrain/tokenizer.json", "rl/ckpt.pt",
-                "rl/metrics.jsonl", "eval/eval.md", "eval/eval.json", "pretrain.log", "rl.log", "eval.log"]:
+                "rl/metrics.jsonl", "eval/eval.md", "eval/eval.json", "pretrain.log", "rl.log", "eval.log",
+                "eval/pretrain.png", "eval/rl.png", "eval/rl_time.png"]:
         assert (out / rel).is_file() and (out / rel).stat().st_size > 0, rel
     summaries = {s: json.loads((out / f"{s}.json").read_text()) for s in ("pretrain", "rl", "eval")}
     for stage, summary in summaries.items():

@@ -1,0 +1,155 @@
+"""experiments/report.py: the markdown table (and the Finding-1 scatter) of one experiment directory.
+
+    python experiments/report.py runs/exp/cpt_budget --title "Finding 1" --scatter
+    python experiments/report.py runs/exp/router_replay --title "Router replay" --curve logp_mismatch
+
+An experiment script (experiments/*.sh, through experiments/lib.sh's run_stage) leaves one JSON summary per
+stage in its directory: pretrain_<run>.json and rl_<run>.json, where <run> is <config>_s<seed>. This script
+reads them (and the RL runs' metrics.jsonl for per-step means), writes results.md with one row per run and one
+mean row per config (so the seed-to-seed noise is in the table next to the effect), and with --scatter draws
+Finding 1: final validation loss (x) against held-out pass@1 on the near and novel slices before and after
+RL (y). Ends with one JSON line.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+PRE_KEYS = [("params_active", "active params"), ("params_total", "total params"), ("tokens", "pretrain tokens"), ("val_loss", "val loss"), ("val_bpb", "val bits/byte")]
+RL_KEYS = [("pass@1_{}", "pass@1 all"), ("pass@1_near_{}", "pass@1 near"), ("pass@1_novel_{}", "pass@1 novel"),
+           ("pass@8_novel_{}", "pass@8 novel")]
+
+
+def die(msg):
+    print(f"report.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        die(f"{path}: not a stage summary ({e})")
+
+
+def metrics_mean(summary, key):
+    """Mean of one per-step key over an RL run's metrics.jsonl (e.g. logp_mismatch, clip_frac)."""
+    vals = []
+    path = summary.get("metrics", "")
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    v = json.loads(line).get(key)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(v, (int, float)):
+                    vals.append(v)
+    return statistics.fmean(vals) if vals else None
+
+
+def collect(out_dir, curves):
+    """{run: {column: value}} from the stage summaries in out_dir."""
+    runs = {}
+    natural = lambda path: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]   # b4 before b12
+    for path in sorted(glob.glob(os.path.join(out_dir, "*.json")), key=natural):
+        m = re.fullmatch(r"(pretrain|rl)_(.+)\.json", os.path.basename(path))
+        if not m:
+            continue
+        kind, run = m.groups()
+        s, row = load_json(path), runs.setdefault(m.group(2), {})
+        if kind == "pretrain":
+            row.update({col: s.get(key) for key, col in PRE_KEYS})
+        else:
+            for key, col in RL_KEYS:
+                row[f"{col} before"], row[f"{col} after"] = s.get(key.format("before")), s.get(key.format("after"))
+            row["RL steps"] = s.get("steps")
+            for key in curves:
+                row[f"mean {key}"] = metrics_mean(s, key)
+    if not runs:
+        die(f"{out_dir}: no pretrain_<run>.json or rl_<run>.json stage summaries")
+    return runs
+
+
+def with_means(runs):
+    """Rows in order, then one 'config (mean of n seeds)' row per config that ran with more than one seed."""
+    rows = dict(runs)
+    configs = {}
+    for run in runs:
+        configs.setdefault(re.sub(r"_s\d+$", "", run), []).append(run)
+    for config, members in configs.items():
+        if len(members) < 2:
+            continue
+        cols = {c for r in members for c in runs[r]}
+        rows[f"{config} (mean of {len(members)})"] = {
+            c: statistics.fmean(v) if (v := [runs[r][c] for r in members if isinstance(runs[r].get(c), (int, float))])
+            else None for c in cols}
+    return rows
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and abs(v) < 100:
+        return f"{v:.3f}"
+    return f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
+
+
+def markdown(rows, title):
+    cols = []
+    for row in rows.values():
+        cols += [c for c in row if c not in cols]
+    lines = [f"## {title}", "", "| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines += ["| " + " | ".join([run] + [fmt(row.get(c)) for c in cols]) + " |" for run, row in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+def scatter(runs, path):
+    """Finding 1: lower loss after continued pretraining -> higher reward after the same RL run?"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for i, (sl, marker) in enumerate((("near", "o"), ("novel", "s"))):
+        for when, fill in (("before", "none"), ("after", f"C{i}")):
+            pts = sorted((r["val loss"], r[f"pass@1 {sl} {when}"]) for r in runs.values()
+                         if r.get("val loss") is not None and r.get(f"pass@1 {sl} {when}") is not None)
+            if pts:
+                ax.plot(*zip(*pts), marker=marker, ls="-" if when == "after" else ":", color=f"C{i}",
+                        mfc=fill, label=f"{sl}, {when} RL")
+    ax.set(xlabel="validation loss after continued pretraining (nats/token)", ylabel="held-out pass@1",
+           title="Finding 1: pretraining loss vs RL result")
+    ax.invert_xaxis()   # better pretraining to the right
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out_dir", help="an experiment's output directory (holds the stage summaries)")
+    p.add_argument("--title", default="results")
+    p.add_argument("--curve", action="append", default=[], help="per-step RL metric to average into a column")
+    p.add_argument("--scatter", action="store_true", help="draw finding1.png (val loss vs pass@1 per slice)")
+    args = p.parse_args(argv)
+    runs = collect(args.out_dir, args.curve)
+    rows = with_means(runs)
+    table = os.path.join(args.out_dir, "results.md")
+    with open(table, "w") as f:
+        f.write(markdown(rows, args.title))
+    out = {"table": table, "runs": len(runs)}
+    if args.scatter:
+        out["scatter"] = os.path.join(args.out_dir, "finding1.png")
+        scatter(runs, out["scatter"])
+    print(open(table).read())
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
