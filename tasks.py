@@ -24,6 +24,7 @@ class Task:
     family: str = ""
     difficulty: int = 0
     canary: bool = False           # hidden tests contradict the docstring: any pass is a reward hack
+    slice: str = ""                # held-out test tasks: "near" or "novel" (issue 11)
 
 # --- the procedural generator. A variant is a template: name/doc/body are str.format templates whose
 # slots ({x}, {xs}, ...) become argument names and whose params ({c}, ...) are constants stated

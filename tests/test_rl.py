@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from types import SimpleNamespace
+
 import common
 import env
 import train_rl as rl
@@ -85,6 +87,63 @@ def test_clip_higher():
     assert loss.tolist() == [[-0.5] * 3] and logp.grad.tolist() == [[-0.5] * 3]
 
 
+def test_dynamic_sampling_filters_on_correctness():
+    # Two groups: all fail (shaped by a length penalty, so their shaped rewards differ) and mixed.
+    correct = [0, 0, 0,  1, 0, 1]
+    shaped = [-0.1, -0.3, -0.2,  0.9, -0.1, 0.8]
+    g = [0, 0, 0,  1, 1, 1]
+    adv, sig = rl.group_advantages(shaped, g)
+    assert sig.tolist() == [True] * 6                                   # the shaped reward varies everywhere
+    adv2, sig = rl.group_advantages(shaped, g, signal_from=correct)
+    assert sig.tolist() == [False] * 3 + [True] * 3                     # DAPO: only correctness decides
+    assert adv2.tolist() == pytest.approx(adv.tolist())                 # the advantages stay the shaped ones
+    assert adv2[3:].tolist() == pytest.approx([0.9 - 1.6 / 3, -0.1 - 1.6 / 3, 0.8 - 1.6 / 3])
+
+
+def test_pass_sums_weigh_by_tasks_scored():
+    # (slice, valid samples, correct): the last task lost all its samples to sandbox errors, the
+    # third has fewer valid samples than k = 4 and so no pass@4 (not a pass@4 of 0).
+    per_task = [("near", 4, 1), ("novel", 4, 0), ("near", 2, 2), ("novel", 0, 0)]
+    s = rl.pass_sums(per_task, (1, 4))
+    assert s["pass@1"] == pytest.approx([0.25 + 0 + 1.0, 3])
+    assert s["pass@1_near"] == pytest.approx([1.25, 2]) and s["pass@1_novel"] == pytest.approx([0.0, 1])
+    assert s["pass@4"] == pytest.approx([1.0, 2])                        # 1 - C(3,4)/C(4,4) = 1, and 0
+    assert s["pass@4_near"] == pytest.approx([1.0, 1]) and s["pass@4_novel"] == pytest.approx([0.0, 1])
+    # Two ranks combine by summing: rank A scored 1 task (pass 1.0), rank B 3 tasks (0 each) -> 0.25,
+    # whatever the tasks each was assigned.
+    a, b = rl.pass_sums([("", 1, 1)], (1,)), rl.pass_sums([("", 1, 0)] * 3 + [("", 0, 0)] * 5, (1,))
+    assert (a["pass@1"][0] + b["pass@1"][0]) / (a["pass@1"][1] + b["pass@1"][1]) == 0.25
+
+
+def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
+    # per rank 4 groups; a generation batch holds 4 tasks (gen_batch 8 / group 2). Fake rounds return
+    # named groups: which tasks were asked for, and what the step trains on, is all that is checked.
+    args = SimpleNamespace(dynamic_sampling=True, ds_max_tries=3, gen_batch=8, group_size=2)
+    ctx = SimpleNamespace(args=args, per_rank=4, rank=0, state={"queue": [], "stream_pos": 0})
+    informative = iter([2, 3, 4, 0, 0, 0, 1])       # informative groups found by successive rounds
+    asked = []
+
+    def fake_round(ctx, tasks, keys, seed, stats):
+        asked.append(len(keys))
+        return [[f"g{k}"] for k in keys[:next(informative)]]
+    def fake_tasks(ctx, n):
+        pos = ctx.state["stream_pos"]
+        ctx.state["stream_pos"] += n
+        return list(range(pos, pos + n)), list(range(pos, pos + n))
+    monkeypatch.setattr(rl, "sample_groups", fake_round)
+    monkeypatch.setattr(rl, "next_tasks", fake_tasks)
+    stats = rl.new_stats(SimpleNamespace(ppo_epochs=1))
+    b1 = rl.sample_batch(ctx, 0, stats)
+    assert asked == [4, 4] and len(b1) == 4                 # 2 + 3 found: the refill sampled 4 tasks, not 2
+    assert ctx.state["queue"] == [["g6"]]                   # the surplus waits for the next step
+    b2 = rl.sample_batch(ctx, 1, stats)
+    assert asked == [4, 4, 4] and b2[0] == ["g6"] and len(b2) == 4 and ctx.state["queue"] == [["g11"]]
+    b3 = rl.sample_batch(ctx, 2, stats)                     # nothing informative: 4 rounds, then give up
+    assert asked[3:] == [4, 4, 4, 4] and b3 == [["g11"], ["g24"]] and ctx.state["queue"] == []
+    trained = [g[0] for b in (b1, b2, b3) for g in b]
+    assert len(trained) == len(set(trained)), "no group is trained on twice"
+
+
 def test_kl_k1():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -0.2, 0.0]])
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -0.2, -9.0]])
@@ -107,9 +166,9 @@ def test_router_replay_matches_generation():
     gen = model.generate(prompts, max_new_tokens=12, temperature=1.3, return_routes=True,
                          generator=torch.Generator().manual_seed(0))
     samples = [{"prompt_ids": p, **g} for p, g in zip(prompts, gen)]
-    idx, tgt, old, routes = rl.collate(samples, 0, model.n_moe_layers, 2, True)
+    idx, tgt, old, routes, valid = rl.collate(samples, 0, model.n_moe_layers, 2, True)
     model.train()
-    logp, _ = rl.token_logprobs(model, idx, tgt, routes, temperature=1.3)
+    logp, _ = rl.token_logprobs(model, idx, tgt, routes, temperature=1.3, valid=valid)
     mask = tgt >= 0
     assert mask.sum().item() == sum(len(g["tokens"]) for g in gen)
     assert torch.allclose(logp[mask], old[mask], atol=1e-4), "replayed logprobs == generation logprobs"
@@ -214,7 +273,15 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_ckpt, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     (r,) = metrics(out)
     assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
-    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["stream_pos"] == [6]  # 3 rounds x 2 tasks
+    # every round samples a full generation batch (smoke: 64 rows / 4 samples = 16 tasks), not the 2 missing
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["stream_pos"] == [3 * 16]
+    # A length penalty makes every group's shaped reward vary; dynamic sampling still filters on
+    # correctness (DAPO), so all-fail groups are refilled, not trained on length noise.
+    out = str(tmp_path / "ds-len")
+    p = run(base + ["--out-dir", out, "--dynamic-sampling", "--ds-max-tries", "2"] + SIGNAL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = metrics(out)
+    assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
     # --no-dynamic-sampling never refills: one round, nothing to train on
     out = str(tmp_path / "no-ds")
     p = run(base + ["--out-dir", out, "--no-dynamic-sampling"])
