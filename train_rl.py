@@ -514,18 +514,21 @@ def sample_batch(ctx, step, stats):
 # The policy update
 
 def global_counts(ctx, train):
-    """(sequences, completion tokens, micro-batches): the first two summed over ranks (the loss
-    denominators are global), the last the max over ranks (every rank runs as many forwards)."""
-    c = torch.tensor([len(train), sum(len(s["tokens"]) for s in train)], dtype=torch.float64)
+    """(sequences, completion tokens, positions (prompt + completion), micro-batches): the first three
+    summed over ranks (the loss denominators are global), the last the max over ranks (every rank runs
+    as many forwards)."""
+    c = torch.tensor([len(train), sum(len(s["tokens"]) for s in train),
+                      sum(len(s["prompt_ids"]) + len(s["tokens"]) - 1 for s in train)], dtype=torch.float64)
     n_mb = torch.tensor(-(-len(train) // ctx.args.micro_batch))
     if ctx.ddp:
         dist.all_reduce(c)
         dist.all_reduce(n_mb, op=dist.ReduceOp.MAX)
-    return c[0].item(), c[1].item(), int(n_mb)
+    return c[0].item(), c[1].item(), c[2].item(), int(n_mb)
 
 
 def micro_batch_loss(ctx, mb, norm, stats, epoch):
-    """Forward + backward of one micro-batch; `norm` = (n_seqs for the loss norm, n_tokens, n_mb).
+    """Forward + backward of one micro-batch; `norm` = global (n_seqs for the loss norm, completion
+    tokens, positions).
     An empty `mb` (this rank has fewer micro-batches than another) runs a one-row forward at weight
     zero whose tokens are all padding: with balance="aux" the MoE all-reduces expert loads inside
     every training forward, so all ranks must run the same number."""
@@ -547,9 +550,11 @@ def micro_batch_loss(ctx, mb, norm, stats, epoch):
     # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
     # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
     # Balance is kept by the aux-free bias (balance="bias"), updated from the replayed loads.
-    # Divided by the ranks too: gradients are summed over ranks, the aux term is per rank.
+    # Each micro-batch's term weighs by its share of the GLOBAL positions: gradients are summed over
+    # micro-batches and ranks, so the total is one token-weighted mean, whatever the number of ranks.
     if args.moe_aux_scale and model.config.balance == "aux":
-        loss = loss + args.moe_aux_scale * sum(m.aux for m in model.moe_layers()) / (norm[2] * ctx.world)
+        share = valid.sum().item() / max(norm[2], 1)
+        loss = loss + args.moe_aux_scale * share * sum(m.aux for m in model.moe_layers())
     loss.backward()
     with torch.no_grad():
         stats[f"loss_e{epoch}"] += (tok_loss * w).sum().item()
@@ -576,9 +581,9 @@ def update_policy(ctx, batch, step, stats):
     args, t0 = ctx.args, time.time()
     # sorted by length so a micro-batch pads little (the summed gradient does not care about order)
     train = sorted((s for group in batch for s in group), key=lambda s: len(s["prompt_ids"]) + len(s["tokens"]))
-    n_seqs, n_tokens, n_mb = global_counts(ctx, train)
+    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, train)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
-    norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_mb)
+    norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
     stats["lr"] = lr_at(step, args)
     for group in ctx.optimizer.param_groups:
         group["lr"] = stats["lr"]
