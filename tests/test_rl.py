@@ -1,10 +1,12 @@
 """Tests for train_rl.py: the algorithm's pieces on hand-made numbers, router replay, and the script
 end to end (smoke run, exact resume, 2-process DDP == 1 process, clear errors). < 3 min on 2 cores."""
+import concurrent.futures
 import json
 import math
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -235,6 +237,7 @@ def test_smoke_run_end_to_end(tiny_ckpt, tmp_path):
     s = json.loads(p.stdout.strip().splitlines()[-1])
     for k in ("pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after"):
         assert 0.0 <= s[k] <= 1.0
+    assert s["eval_seed"] == 0 and "pass@1_novel_after" in s and "pass@8_near_before" in s
     assert s["steps"] == 2 and os.path.isfile(s["ckpt"]) and s["out_dir"] == out
     assert set(s["time_split"]) >= {"gen_s", "sandbox_s", "train_s", "eval_s"}
     rows = metrics(out)
@@ -289,6 +292,70 @@ def test_dynamic_sampling_refills_zero_variance_groups(tiny_ckpt, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     (r,) = metrics(out)
     assert r["rounds"] == 1 and r["trained_seqs"] == 0
+
+
+class CoinPool:
+    """A stand-in sandbox: a completion passes when a hash of it is even, so an untrained model's
+    groups vary and dynamic sampling has surplus groups to queue. Deterministic across runs."""
+    def __init__(self, workers=None, timeout_s=None):
+        pass
+
+    def submit_batch(self, tasks, completions, fractional=False):
+        f = concurrent.futures.Future()
+        ok = [zlib.crc32(c.encode()) % 2 == 0 for c in completions]
+        f.set_result([env.Result(float(o), o, "pass" if o else "wrong_answer", "", int(o), 1) for o in ok])
+        return f
+
+    def close(self):
+        pass
+
+
+def test_queue_resume_is_exact(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "SandboxPool", CoinPool)
+    monkeypatch.setattr(env, "extract_completion", lambda text: text)   # the raw samples differ, their cuts not
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0",
+            "--dynamic-sampling", "--batch-tasks", "3", "--gen-batch", "16", "--max-new-tokens", "12"]
+    rl.main(base + ["--out-dir", a, "--steps", "3"])
+    rl.main(base + ["--out-dir", b, "--steps", "2"])
+    queued = torch.load(os.path.join(b, "ckpt.pt"), weights_only=False)["queues"]
+    rl.main(base + ["--out-dir", b, "--steps", "3", "--resume"])
+    ra, rb = metrics(a), metrics(b)
+    assert [r["step"] for r in rb] == [1, 2, 3]
+    assert len(queued[0]) > 0 and rb[2]["queued_groups"] == len(queued[0]), "the queue survived the checkpoint"
+    for x, y in zip(ra, rb):
+        assert x["trained_seqs"] == y["trained_seqs"] == 3 * 4
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9)
+        assert x["reward"] == pytest.approx(y["reward"], rel=1e-6)
+    # queued groups are one step stale: the PPO ratio is no longer 1 on them
+    assert max(r["logp_mismatch"] for r in ra[1:]) > 0
+
+
+def test_held_out_slices(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "SandboxPool", CoinPool)
+    monkeypatch.setattr(env, "extract_completion", lambda text: text)
+    real = env.generate_tasks
+
+    def sliced(split, n, **kw):          # test tasks get their slice by hand (tasks.py sets it in the real run)
+        tasks = real(split, n, **kw)
+        for i, t in enumerate(tasks):
+            t.slice = ("near", "novel")[i % 2] if split == "test" else ""
+        return tasks
+    monkeypatch.setattr(env, "generate_tasks", sliced)
+    out = str(tmp_path / "slices")
+    s = rl.main(["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--out-dir", out, "--steps", "1",
+                 "--eval-tasks", "6", "--eval-seed", "3", "--canary-every", "0"])
+    assert s["eval_seed"] == 3
+    for when in ("before", "after"):
+        for k in (1, 8):
+            near, novel = s[f"pass@{k}_near_{when}"], s[f"pass@{k}_novel_{when}"]
+            assert 0 <= near <= 1 and 0 <= novel <= 1
+            assert s[f"pass@{k}_{when}"] == pytest.approx((near + novel) / 2)     # 3 tasks each
+    assert 0 < s["pass@1_before"] < 1
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        evals = [r for r in map(json.loads, f) if "eval" in r]
+    assert [e["eval"] for e in evals] == ["before", "after"]
+    assert all(e["eval_seed"] == 3 and "pass@1_novel" in e and "pass@8_near" in e for e in evals)
 
 
 def test_dynamic_sampling_ignores_length_shaping(tiny_ckpt, tmp_path):
