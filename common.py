@@ -9,6 +9,7 @@ while every script still reads top to bottom.
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 from contextlib import nullcontext
@@ -34,24 +35,21 @@ def die(msg):
 # the argparse defaults, so any flag given on the command line wins over the preset.
 
 def parse_args(parser, presets, argv=None):
-    have = {a.dest for a in parser._actions}
-    if "preset" not in have:
-        parser.add_argument("--preset", choices=sorted(presets),
-                            help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
-                                 "default: gpu if CUDA is visible else cpu; flags override; "
-                                 "--preset P --help shows P's values as the defaults")
-    if "out_dir" not in have:
-        parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
-    if "seed" not in have:
-        parser.add_argument("--seed", type=int, default=0, help="random seed")
-    if "device" not in have:
-        parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    """Adds the options every script shares (--preset, --out-dir, --seed, --device), makes the
+    chosen preset's values the defaults and parses. Only argparse's public API."""
+    parser.add_argument("--preset", choices=sorted(presets),
+                        help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
+                             "default: gpu if CUDA is visible else cpu; flags override; "
+                             "--preset P --help shows P's values as the defaults")
+    parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
+    parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     # Read --preset first with a parser that has no --help, so that `--help` (handled by the full
     # parse below) prints the chosen preset's values as the defaults rather than None.
     pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
     pre.add_argument("--preset", choices=sorted(presets))
     preset = pre.parse_known_args(argv)[0].preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    unknown = set(presets[preset]) - {a.dest for a in parser._actions}
+    unknown = set(presets[preset]) - set(vars(parser.parse_known_args([])[0]))
     assert not unknown, f"preset {preset} sets unknown options {unknown}"
     parser.set_defaults(**presets[preset])
     args = parser.parse_args(argv)
@@ -59,6 +57,15 @@ def parse_args(parser, presets, argv=None):
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", f"{parser.prog.removesuffix('.py')}-{preset}")
     return args
+
+
+def typed_options(parser, argv):
+    """The options typed on the command line, as dests (the rest came from a preset or a default):
+    argv parsed again into a namespace that holds a fresh marker per option; argparse replaces the
+    marker of every option it sees and leaves the others alone."""
+    marks = {k: [] for k in vars(parser.parse_args(argv))}
+    typed = vars(parser.parse_args(argv, argparse.Namespace(**marks)))
+    return {k for k, v in typed.items() if v is not marks.get(k)}
 
 
 def pick_device(name="auto"):
@@ -175,6 +182,29 @@ def doc_hash(text):
 def is_validation(h, val_frac):
     """A document (by its doc_hash) is validation when the hash's first 32 bits fall below val_frac."""
     return int(h[:8], 16) < val_frac * 16 ** 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Bits per byte: cross-entropy per UTF-8 byte, not per token, so checkpoints with different
+# tokenizers compare. One definition for train_pretrain.py's validation and eval.py.
+
+def token_bytes(tok, device="cpu"):
+    """UTF-8 bytes of every token id. End-of-text and pad count 0 bytes and are left out of the sum
+    (as nanochat's evaluate_bpb does): the figure does not depend on how a tokenizer spells them."""
+    nbytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
+    nbytes[[tok.eot_id, tok.pad_id]] = 0
+    return nbytes
+
+
+def nats_and_bytes_of(nll, targets, nbytes):
+    """(nats, bytes) of a batch: nll (N,) per target, targets (N,) ids (-1 = not scored), nbytes
+    from token_bytes. Only targets with bytes count."""
+    nb = torch.where(targets >= 0, nbytes[targets.clamp(min=0)], 0)
+    return nll[nb > 0].sum().item(), nb.sum().item()
+
+
+def bits_per_byte(nats, n_bytes):
+    return nats / (math.log(2) * n_bytes)
 
 
 # ---------------------------------------------------------------------------------------------

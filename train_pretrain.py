@@ -137,7 +137,7 @@ a("--debug-nan-at-step", type=int, default=0, help="testing: make the loss NaN a
 argv = sys.argv[1:]
 args = common.parse_args(p, PRESETS, argv)
 # flags typed on the command line (the preset fills the rest): these win over a checkpoint's values
-given = {x.dest for x in p._actions for s in x.option_strings for t in argv if t == s or t.startswith(s + "=")}
+given = common.typed_options(p, argv)
 
 # ---------------------------------------------------------------------------------------------
 # Setup. Bad arguments die on every rank before any collective, so nothing hangs.
@@ -446,10 +446,7 @@ def lr_at(step):
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * frac)
 
 
-# UTF-8 bytes per token for bits-per-byte; end-of-text/pad count 0 bytes and are left out of the
-# sum (as eval.bits_per_byte and nanochat do), so bpb compares across tokenizers.
-token_bytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
-token_bytes[[tok.eot_id, tok.pad_id]] = 0
+token_bytes = common.token_bytes(tok, device)     # for bits-per-byte (common.py)
 
 
 @torch.no_grad()
@@ -472,13 +469,12 @@ def evaluate():
                 logits, _ = raw(xs[i:i + mbs])
             y = ys[i:i + mbs].reshape(-1)
             nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y, reduction="none")
-            nb = token_bytes[y]
-            s += [nll.sum().item(), y.numel(), nll[nb > 0].sum().item(), nb.sum().item()]
-        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], s[2] / (math.log(2) * s[3])
+            s += [nll.sum().item(), y.numel(), *common.nats_and_bytes_of(nll, y, token_bytes)]
+        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], common.bits_per_byte(s[2], s[3])
         tot += s
     raw.train()
     if tot[1]:
-        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], tot[2] / (math.log(2) * tot[3])
+        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], common.bits_per_byte(tot[2], tot[3])
     return out
 
 

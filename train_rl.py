@@ -39,10 +39,10 @@ import env
 import eval as evaluation
 
 # Presets: defaults only, any flag wins. cpu: tuned on 2 cores from the cpu pretraining checkpoint
-# by held-out pass@1 (the calibration runs are in the README's notes). Dynamic sampling on: without
-# it about half the groups are all-pass or all-fail and carry no gradient. Stopped by the clock
-# (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch while
-# generating the next only slows generation (`python bench.py rl`).
+# by held-out pass@1 (the calibration runs are listed in the README's Results). Dynamic sampling
+# on: without it about half the groups are all-pass or all-fail and carry no gradient. Stopped by
+# the clock (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch
+# while generating the next only slows generation (`python bench.py rl`).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
                   warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
@@ -680,7 +680,8 @@ def record(ctx, step, stats, pbar):
     base = sum(hist[:5]) / len(hist[:5])
     if ctx.master and (rec["canary_passes"] > 0 or (len(hist) > 5 and hist[-1] > max(2 * base, 0.05))):
         tqdm.write(f"warning: possible reward hacking at step {step + 1}: canary passes {int(rec['canary_passes'])}, "
-                   f"suspicious constructs/completion {hist[-1]:.3f} (early {base:.3f}); see hack/* in {ctx.metrics_path}")
+                   f"suspicious constructs/completion {hist[-1]:.3f} (early {base:.3f}); "
+                   f"see hack/* in {ctx.metrics_path}")
     if ctx.master:
         common.log_metrics(ctx.metrics_path, rec)
         pbar.set_postfix_str(f"reward {rec['reward']:.3f} pass {rec['pass_rate']:.3f} zv {rec['zero_var_frac']:.2f} "
