@@ -12,7 +12,8 @@ import json
 import math
 import os
 import sys
-from contextlib import nullcontext
+import sysconfig
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -121,15 +122,27 @@ def all_reduce_mean(x):
 # Checkpoints: written to a temp file in the same directory, fsynced, then renamed over the
 # target, so a crash mid-write never leaves a truncated checkpoint where a good one was.
 
-def atomic_save(obj, path):
+@contextmanager
+def atomic_open(path, mode="w"):
+    """open() for writing, atomically: the file appears under `path` complete (flushed, fsynced,
+    renamed over any old one) or not at all. Checkpoints, token caches, JSONL outputs."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_save(obj, path):
+    with atomic_open(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(path, model, tokenizer, **extra):
@@ -182,6 +195,40 @@ def doc_hash(text):
 def is_validation(h, val_frac):
     """A document (by its doc_hash) is validation when the hash's first 32 bits fall below val_frac."""
     return int(h[:8], 16) < val_frac * 16 ** 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading code from disk: one reader, and one definition of the stdlib corpus, so that the files
+# train_pretrain.py trains on and those eval.py scores as held out are selected alike.
+
+def read_text_files(root, exts, skipped, skip_dir=lambda name: False, max_kb=1024):
+    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
+    capped). Huge (> max_kb), binary (NUL bytes), non-UTF-8 and empty files are skipped and counted
+    in the Counter `skipped`, not fatal. A generator: files past a cap are never read."""
+    paths = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not skip_dir(x)]
+        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
+    for path in sorted(paths, key=lambda q: doc_hash(os.path.relpath(q, root))):
+        why = "huge" if os.path.getsize(path) > max_kb * 1e3 else None
+        if not why:
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                text = data.decode("utf-8")
+                why = "binary" if "\0" in text else None if text.strip() else "empty"
+            except UnicodeDecodeError:
+                why = "binary" if b"\0" in data else "non_utf8"
+        if why:
+            skipped[why] += 1
+        else:
+            yield text
+
+
+def stdlib_docs(skipped, max_kb=1024):
+    """The running interpreter's standard library *.py, without its tests, idlelib and site-packages."""
+    skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
+    return read_text_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip, max_kb)
 
 
 # ---------------------------------------------------------------------------------------------

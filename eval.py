@@ -44,7 +44,6 @@ from tqdm import tqdm
 
 import common
 import env
-import tokenizer
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
 # env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
@@ -271,12 +270,11 @@ def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
 
 def heldout_code_texts(val_frac=0.02):
     """Held-out code for bits-per-byte, two sources that pretraining never trains on:
-    stdlib: the stdlib files train_pretrain.py holds out for validation (same file selection as
-      tokenizer.stdlib_texts; common.is_validation with its default
-      --val-frac 0.02), in hash order;
+    stdlib: the stdlib files train_pretrain.py holds out for validation (the same reader,
+      common.stdlib_docs, and common.is_validation with its default --val-frac 0.02), in hash order;
     tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
     stdlib = []
-    for text in tokenizer.stdlib_texts():
+    for text in common.stdlib_docs(Counter()):
         h = common.doc_hash(text)
         if common.is_validation(h, val_frac):
             stdlib.append((h, text))
@@ -337,11 +335,9 @@ def load_task_set(spec):
 
 
 def write_jsonl(path, records):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
+    with common.atomic_open(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
 
 
 def evaluate_checkpoints(args):

@@ -30,7 +30,6 @@ import math
 import os
 import re
 import sys
-import sysconfig
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -223,29 +222,6 @@ def capped(docs, mb):
         yield d
 
 
-def read_files(root, exts, skipped, skip_dir=lambda name: False):
-    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
-    capped). Huge, binary (NUL bytes), non-UTF-8 and empty files are skipped and counted, not fatal."""
-    paths = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if not skip_dir(x)]
-        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
-    for path in sorted(paths, key=lambda q: common.doc_hash(os.path.relpath(q, root))):
-        why = "huge" if os.path.getsize(path) > args.max_file_kb * 1e3 else None
-        if not why:
-            with open(path, "rb") as f:
-                data = f.read()
-            try:
-                text = data.decode("utf-8")
-                why = "binary" if "\0" in text else None if text.strip() else "empty"
-            except UnicodeDecodeError:
-                why = "binary" if b"\0" in data else "non_utf8"
-        if why:
-            skipped[why] += 1
-        else:
-            yield text
-
-
 def read_jsonl(path, skipped):
     """Documents of a JSONL file (field --text-field), in line-hash order."""
     with open(path, "rb") as f:
@@ -265,13 +241,13 @@ def read_jsonl(path, skipped):
 
 
 def load_source(name, skipped):
-    if name == "stdlib":   # the running interpreter's stdlib, the same files tokenizer.stdlib_texts uses
-        skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
-        docs = read_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip)
+    if name == "stdlib":   # the running interpreter's stdlib (eval.py's held-out stdlib reads the same files)
+        docs = common.stdlib_docs(skipped, args.max_file_kb)
     elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
         docs = map(env.corpus_text, env.generate_tasks("train", args.tasks_n, seed=args.seed))
     elif os.path.isdir(user_data[name]):
-        docs = read_files(user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}, skipped)
+        exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
+        docs = common.read_text_files(user_data[name], exts, skipped, max_kb=args.max_file_kb)
     else:
         docs = read_jsonl(user_data[name], skipped)
     return capped(docs, args.source_mb)
@@ -340,12 +316,10 @@ def prepare_data(tok):
             path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
             if os.path.isfile(path):
                 continue
-            tmp = f"{path}.tmp.{os.getpid()}"   # written in full, then renamed: never half a cache
-            with open(tmp, "wb") as f:
+            with common.atomic_open(path, "wb") as f:   # never half a cache
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     for ids in tok.encode_batch([d for _, d in docs[i:i + 512]]):
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
-            os.replace(tmp, path)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 
 
