@@ -344,7 +344,9 @@ def get_batch(step):
     """This rank's rows of the global batch of `step`: (accum * micro_batch, T + 1) tokens. The
     global batch is a function of (seed, step) alone (counter-based RNG): the data position in a
     checkpoint is just the step, resume is exact, and any number of processes sees the same
-    global batch (rank r takes slots r, r + world, ...), so DDP losses equal single-process ones."""
+    global batch (rank r takes slots r, r + world, ...), so DDP losses equal single-process ones.
+    Rows are windows of the packed token stream: no padding, so every position is rightly counted
+    as MoE expert load (right-padded batches, as in RL, pass model.py's `valid` mask instead)."""
     rng = np.random.default_rng([args.seed, 1, step])
     n = accum * mbs * world
     src = rng.choice(len(names), size=n, p=weights)
