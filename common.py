@@ -36,15 +36,17 @@ def die(msg):
 # the argparse defaults, so any flag given on the command line wins over the preset.
 
 def parse_args(parser, presets, argv=None):
-    """Adds the options every script shares (--preset, --out-dir, --seed, --device), makes the
-    chosen preset's values the defaults and parses. Only argparse's public API."""
-    parser.add_argument("--preset", choices=sorted(presets),
-                        help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
-                             "default: gpu if CUDA is visible else cpu; flags override; "
-                             "--preset P --help shows P's values as the defaults")
-    parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
-    parser.add_argument("--seed", type=int, default=0, help="random seed")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    """Adds the options every script shares (--preset, --out-dir, --seed, --device; once: main()
+    may run several times in one process, as in tests), makes the chosen preset's values the
+    defaults and parses. Only argparse's public API."""
+    if "preset" not in vars(parser.parse_known_args([])[0]):
+        parser.add_argument("--preset", choices=sorted(presets),
+                            help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
+                                 "default: gpu if CUDA is visible else cpu; flags override; "
+                                 "--preset P --help shows P's values as the defaults")
+        parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
+        parser.add_argument("--seed", type=int, default=0, help="random seed")
+        parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     # Read --preset first with a parser that has no --help, so that `--help` (handled by the full
     # parse below) prints the chosen preset's values as the defaults rather than None.
     pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)

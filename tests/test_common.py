@@ -82,3 +82,10 @@ def test_bits_per_byte_skips_special_tokens():
     nll = torch.tensor([1.0, 2.0, 5.0, 7.0])
     assert common.nats_and_bytes_of(nll, torch.tensor([0, 1, 2, -1]), nbytes) == (3.0, 3)
     assert common.bits_per_byte(3.0, 3) == pytest.approx(1 / math.log(2))
+
+
+def test_parse_args_twice_on_one_parser():
+    # train_rl.main / eval.main build their parser once at import and may run several times (tests)
+    p = make_parser()
+    assert common.parse_args(p, PRESETS, ["--preset", "smoke"]).steps == 3
+    assert common.parse_args(p, PRESETS, ["--preset", "cpu", "--seed", "2"]).seed == 2
