@@ -172,6 +172,7 @@ def bench_generation(quick):
     import env
     import eval as evaluation
     import model as model_mod
+    import tasks
     with tempfile.TemporaryDirectory() as tmp:
         run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "1", "--lr", "0",
                     "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
@@ -179,10 +180,10 @@ def bench_generation(quick):
                     "--val-tokens", "512"])
         model, tok, _ = common.load_checkpoint(os.path.join(tmp, "ckpt.pt"))
     model.eval()
-    lengths = [len(tok.encode(t.solution)) + 1 for t in env.generate_tasks("train", 2000, seed=5)]
+    lengths = [len(tok.encode(t.solution)) + 1 for t in tasks.generate_tasks("train", 2000, seed=5)]
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
-    tasks = env.generate_tasks("train", 16, seed=11)
-    prompts = [tok.encode(env.render_prompt(t)) for t in tasks]
+    prompt_tasks = tasks.generate_tasks("train", 16, seed=11)
+    prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0))
     g = torch.Generator()
     res = {"forward": [], "forward_1thread": [], "generate": [], "rl": []}
@@ -204,7 +205,7 @@ def bench_generation(quick):
 
     def rl_sampling():
         g.manual_seed(2)
-        samples = evaluation.sample_completions(model, tok, tasks, n=8, temperature=1.0, max_new_tokens=96,
+        samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                 top_p=1.0, batch_size=128, return_routes=True, generator=g)
         return sum(len(s["tokens"]) for s in samples)
     forward()   # warm-up

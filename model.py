@@ -178,7 +178,10 @@ class MoE(nn.Module):
         # not a buffer: DDP (broadcast_buffers=True) would overwrite every rank's counts with rank 0's.
         self.load, self.aux, self.stats, self.topi = None, 0.0, {}, None
 
-    def forward(self, x, route=None, track=True):
+    def forward(self, x, route=None, track=True, valid=None):
+        """valid (B, T) bool: the real tokens. Padding still flows through the experts (shapes stay
+        static) but is neither counted as load nor part of the balancing terms: right-padding routed
+        to expert 0 would otherwise make expert 0 look overloaded and push its bias down."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
@@ -200,7 +203,10 @@ class MoE(nn.Module):
             y = y + self.shared(x)
         self.topi = topi.detach()
         if track:   # generation skips the balancing stats: nobody reads them, and for a one-token
-            self.balance_terms(logits, probs, topi)   # decode step they cost ~40% of the layer
+            if valid is not None:                     # decode step they cost ~40% of the layer
+                keep = valid.reshape(-1).to(x.device)
+                logits, probs, topi = logits[keep], probs[keep], topi[keep]
+            self.balance_terms(logits, probs, topi)
         return y.view(shape)
 
     def experts(self, x, topi, gates):
@@ -249,15 +255,15 @@ class MoE(nn.Module):
             if self.cfg.balance == "aux" and dist.is_available() and dist.is_initialized():
                 dist.all_reduce(f)
         f = (f / f.sum().clamp_min(1)).float()
-        P = probs.mean(0)
+        P = probs.mean(0) if len(probs) else probs.sum(0)     # no real token (a dummy row): P = 0
         # Switch Transformer LB loss: E * sum_i f_i P_i, equal to 1 under perfectly uniform routing.
         lb = E * (f * P).sum()
         # Router z-loss (ST-MoE, Zoph et al. 2022): keeps router logits small, so the fp32 softmax
         # stays well conditioned and bf16 rounding of its inputs cannot flip choices.
-        z = torch.logsumexp(logits, -1).square().mean()
+        z = torch.logsumexp(logits, -1).square().sum() / max(len(logits), 1)
         self.aux = self.cfg.aux_loss_coef * lb + self.cfg.z_loss_coef * z if self.cfg.balance == "aux" else 0.0
         with torch.no_grad():
-            entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1).mean()
+            entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1).sum() / max(len(probs), 1)
         self.stats = dict(counts=counts.detach(), lb=lb.detach(), z=z.detach(), entropy=entropy)
 
 
@@ -269,10 +275,10 @@ class Block(nn.Module):
         self.attn = Attention(cfg, i)
         self.mlp = MoE(cfg) if self.is_moe else MLP(cfg.n_embd, cfg.mlp_hidden)
 
-    def forward(self, x, cos, sin, cache=None, mask=None, route=None):
+    def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None):
         x = x + self.attn(self.norm1(x), cos, sin, cache, mask)
         h = self.norm2(x)
-        return x + (self.mlp(h, route, track=cache is None) if self.is_moe else self.mlp(h))
+        return x + (self.mlp(h, route, track=cache is None, valid=valid) if self.is_moe else self.mlp(h))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,26 +318,28 @@ class GPT(nn.Module):
     def n_moe_layers(self) -> int:
         return len(self.moe_layers())
 
-    def trunk(self, idx, pos, cache=None, mask=None, routes=None):
-        """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D)."""
+    def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None):
+        """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D).
+        valid (B, T) bool: real tokens, the only ones the MoE balancing statistics count (None = all)."""
         cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
         x, routes = self.wte(idx), iter(routes if routes is not None else [])
         for block in self.blocks:
-            x = block(x, cos, sin, cache, mask, next(routes, None) if block.is_moe else None)
+            x = block(x, cos, sin, cache, mask, next(routes, None) if block.is_moe else None, valid)
         if cache is not None:
             cache.pos += idx.size(1)
         return self.norm(x)
 
-    def forward(self, idx, targets=None, routes=None):
+    def forward(self, idx, targets=None, routes=None, valid=None):
         """idx (B, T) -> logits (B, T, V) and, with targets (-1 = ignore), the loss:
         mean cross-entropy + self.aux_loss, the sum over MoE layers of the balancing terms (0 unless
         balance == "aux"; a loss built from the logits, as in RL, should add self.aux_loss itself).
-        routes (n_moe_layers, B, T, top_k): experts to replay (router replay)."""
+        routes (n_moe_layers, B, T, top_k): experts to replay (router replay); valid (B, T) bool: real
+        tokens, the only ones counted as expert load (right-padded batches pass it; None = all)."""
         B, T = idx.shape
         if routes is not None and tuple(routes.shape) != (self.n_moe_layers, B, T, self.config.top_k):
             raise ValueError(f"routes must be (n_moe_layers, B, T, top_k), got {tuple(routes.shape)}")
         pos = torch.arange(T, device=idx.device)[None]
-        logits = self.lm_head(self.trunk(idx, pos, routes=routes))
+        logits = self.lm_head(self.trunk(idx, pos, routes=routes, valid=valid))
         self.aux_loss = sum(m.aux for m in self.moe_layers())
         if targets is None:
             return logits, None

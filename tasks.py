@@ -21,7 +21,6 @@ HumanEval and canary identities are reserved: no train task has them. tests/test
 all of it on 50,000 train tasks. Stdlib only.
 """
 import ast
-import builtins
 import dataclasses
 import functools
 import gzip

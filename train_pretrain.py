@@ -30,7 +30,6 @@ import math
 import os
 import re
 import sys
-import sysconfig
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -138,7 +137,7 @@ a("--debug-nan-at-step", type=int, default=0, help="testing: make the loss NaN a
 argv = sys.argv[1:]
 args = common.parse_args(p, PRESETS, argv)
 # flags typed on the command line (the preset fills the rest): these win over a checkpoint's values
-given = {x.dest for x in p._actions for s in x.option_strings for t in argv if t == s or t.startswith(s + "=")}
+given = common.typed_options(p, argv)
 
 # ---------------------------------------------------------------------------------------------
 # Setup. Bad arguments die on every rank before any collective, so nothing hangs.
@@ -224,29 +223,6 @@ def capped(docs, mb):
         yield d
 
 
-def read_files(root, exts, skipped, skip_dir=lambda name: False):
-    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
-    capped). Huge, binary (NUL bytes), non-UTF-8 and empty files are skipped and counted, not fatal."""
-    paths = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if not skip_dir(x)]
-        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
-    for path in sorted(paths, key=lambda q: common.doc_hash(os.path.relpath(q, root))):
-        why = "huge" if os.path.getsize(path) > args.max_file_kb * 1e3 else None
-        if not why:
-            with open(path, "rb") as f:
-                data = f.read()
-            try:
-                text = data.decode("utf-8")
-                why = "binary" if "\0" in text else None if text.strip() else "empty"
-            except UnicodeDecodeError:
-                why = "binary" if b"\0" in data else "non_utf8"
-        if why:
-            skipped[why] += 1
-        else:
-            yield text
-
-
 def read_jsonl(path, skipped):
     """Documents of a JSONL file (field --text-field), in line-hash order."""
     with open(path, "rb") as f:
@@ -266,13 +242,13 @@ def read_jsonl(path, skipped):
 
 
 def load_source(name, skipped):
-    if name == "stdlib":   # the running interpreter's stdlib, the same files tokenizer.stdlib_texts uses
-        skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
-        docs = read_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip)
+    if name == "stdlib":   # the running interpreter's stdlib (eval.py's held-out stdlib reads the same files)
+        docs = common.stdlib_docs(skipped, args.max_file_kb)
     elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
         docs = map(env.corpus_text, tasks.generate_tasks("train", args.tasks_n, seed=args.seed))
     elif os.path.isdir(user_data[name]):
-        docs = read_files(user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}, skipped)
+        exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
+        docs = common.read_text_files(user_data[name], exts, skipped, max_kb=args.max_file_kb)
     else:
         docs = read_jsonl(user_data[name], skipped)
     return capped(docs, args.source_mb)
@@ -346,12 +322,10 @@ def prepare_data(tok):
             path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
             if os.path.isfile(path):
                 continue
-            tmp = f"{path}.tmp.{os.getpid()}"   # written in full, then renamed: never half a cache
-            with open(tmp, "wb") as f:
+            with common.atomic_open(path, "wb") as f:   # never half a cache
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     for ids in tok.encode_batch([d for _, d in docs[i:i + 512]]):
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
-            os.replace(tmp, path)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 
 
@@ -376,7 +350,9 @@ def get_batch(step):
     """This rank's rows of the global batch of `step`: (accum * micro_batch, T + 1) tokens. The
     global batch is a function of (seed, step) alone (counter-based RNG): the data position in a
     checkpoint is just the step, resume is exact, and any number of processes sees the same
-    global batch (rank r takes slots r, r + world, ...), so DDP losses equal single-process ones."""
+    global batch (rank r takes slots r, r + world, ...), so DDP losses equal single-process ones.
+    Rows are windows of the packed token stream: no padding, so every position is rightly counted
+    as MoE expert load (right-padded batches, as in RL, pass model.py's `valid` mask instead)."""
     rng = np.random.default_rng([args.seed, 1, step])
     n = accum * mbs * world
     src = rng.choice(len(names), size=n, p=weights)
@@ -452,10 +428,7 @@ def lr_at(step):
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * frac)
 
 
-# UTF-8 bytes per token for bits-per-byte; end-of-text/pad count 0 bytes and are left out of the
-# sum (as eval.bits_per_byte and nanochat do), so bpb compares across tokenizers.
-token_bytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
-token_bytes[[tok.eot_id, tok.pad_id]] = 0
+token_bytes = common.token_bytes(tok, device)     # for bits-per-byte (common.py)
 
 
 @torch.no_grad()
@@ -478,13 +451,12 @@ def evaluate():
                 logits, _ = raw(xs[i:i + mbs])
             y = ys[i:i + mbs].reshape(-1)
             nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y, reduction="none")
-            nb = token_bytes[y]
-            s += [nll.sum().item(), y.numel(), nll[nb > 0].sum().item(), nb.sum().item()]
-        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], s[2] / (math.log(2) * s[3])
+            s += [nll.sum().item(), y.numel(), *common.nats_and_bytes_of(nll, y, token_bytes)]
+        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], common.bits_per_byte(s[2], s[3])
         tot += s
     raw.train()
     if tot[1]:
-        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], tot[2] / (math.log(2) * tot[3])
+        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], common.bits_per_byte(tot[2], tot[3])
     return out
 
 

@@ -1,4 +1,5 @@
 import argparse
+import math
 import os
 
 import pytest
@@ -59,3 +60,32 @@ def test_missing_and_corrupt_checkpoint_are_one_line_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
     assert "nope.pt" in err[0] and "bad.pt" in err[1]
+
+
+def test_typed_options_are_the_flags_on_the_command_line():
+    p = make_parser()
+    p.add_argument("--data", action="append", default=[])
+    p.add_argument("--compile", action="store_true")
+    argv = ["--preset", "smoke", "--lr=0.5", "--data", "a", "--compile"]
+    args = common.parse_args(p, PRESETS, argv)
+    assert args.steps == 3 and args.data == ["a"]
+    assert common.typed_options(p, argv) == {"preset", "lr", "data", "compile"}    # not steps: the preset's
+    assert common.typed_options(p, ["--steps", "3"]) == {"steps"}                   # typed, even if equal
+
+
+def test_bits_per_byte_skips_special_tokens():
+    class Tok:
+        vocab_size, eot_id, pad_id = 4, 2, 3
+        decode_bytes = staticmethod(lambda ids: {0: b"a", 1: b"\xc3\xa9"}.get(ids[0], b"<special>"))
+    nbytes = common.token_bytes(Tok())
+    assert nbytes.tolist() == [1, 2, 0, 0]
+    nll = torch.tensor([1.0, 2.0, 5.0, 7.0])
+    assert common.nats_and_bytes_of(nll, torch.tensor([0, 1, 2, -1]), nbytes) == (3.0, 3)
+    assert common.bits_per_byte(3.0, 3) == pytest.approx(1 / math.log(2))
+
+
+def test_parse_args_twice_on_one_parser():
+    # train_rl.main / eval.main build their parser once at import and may run several times (tests)
+    p = make_parser()
+    assert common.parse_args(p, PRESETS, ["--preset", "smoke"]).steps == 3
+    assert common.parse_args(p, PRESETS, ["--preset", "cpu", "--seed", "2"]).seed == 2

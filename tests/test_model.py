@@ -200,6 +200,40 @@ def test_bias_update_moves_load_toward_balance():
     assert torch.equal(ref, out)
 
 
+def test_padding_is_not_expert_load():
+    # A right-padded batch under router replay: the pads carry expert 0 (collate's fill). Only the
+    # valid positions count as load, enter the aux terms, and move the aux-free bias.
+    model = tiny(balance="bias").train()
+    B, T, L = 4, 12, 4                                   # real tokens: the first L of each row
+    idx = torch.randint(0, 61, (B, T))
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    valid[:, :L] = True
+    routes = torch.stack([torch.arange(B * T * 2).view(B, T, 2) % 6] * model.n_moe_layers)   # every expert alike
+    routes[:, ~valid] = torch.tensor([0, 1])             # pads on experts 0 and 1
+    model(idx, idx, routes=routes, valid=valid)
+    for m in model.moe_layers():
+        real = torch.bincount(routes[0][valid].flatten(), minlength=6).double()
+        assert torch.equal(m.load, real), "pads are not load"
+        assert m.load.sum().item() == B * L * 2
+    model.after_optimizer_step()
+    bias = model.moe_layers()[0].bias
+    real = torch.bincount(routes[0][valid].flatten(), minlength=6).double()
+    assert torch.equal(bias > 0, real < real.mean()) and torch.equal(bias < 0, real > real.mean())
+    # the aux terms use the valid positions only: equal to a forward on the real tokens alone
+    model = tiny(balance="aux").train()
+    model(idx, idx, routes=routes, valid=valid)
+    lb_padded = [m.stats["lb"].item() for m in model.moe_layers()]
+    z_padded = [m.stats["z"].item() for m in model.moe_layers()]
+    for m in model.moe_layers():
+        m.load = None
+    model(idx[:, :L], idx[:, :L], routes=routes[:, :, :L])
+    assert lb_padded == pytest.approx([m.stats["lb"].item() for m in model.moe_layers()], rel=1e-5)
+    assert z_padded == pytest.approx([m.stats["z"].item() for m in model.moe_layers()], rel=1e-5)
+    # a batch of nothing but padding (a DDP rank's dummy micro-batch) counts nothing
+    model(idx, idx, routes=routes, valid=torch.zeros(B, T, dtype=torch.bool))
+    assert model.moe_layers()[0].stats["counts"].sum() == 0
+
+
 def test_router_replay():
     model = tiny()
     g = torch.Generator().manual_seed(1)
