@@ -16,7 +16,7 @@ the reference solution is those statements one after another, never a call into 
 The same text, compiled once per primitive, is what runs to produce the examples and hidden tests, so
 the docstring, the solution and the outputs cannot drift apart. Stdlib only.
 """
-import argparse, dataclasses, hashlib, json, random, re, sys, time
+import argparse, dataclasses, functools, hashlib, json, math, random, re, sys, time
 
 INT, STR, BOOL, INTS, WORDS, DICT = "int", "str", "bool", "list[int]", "list[str]", "dict[str,int]"
 ARG_NAMES = {INT: ("n", "num", "value", "number"), STR: ("s", "text", "line", "phrase"),
@@ -44,7 +44,7 @@ class Prim:
 # Local names of the templates. Function identity (tasks.function_identity) renames locals, so two
 # templates that differ only in them (sorted(nums) / sorted(words)) are one function: the split
 # works on ops, never on primitive names, or a function could land in train and test at once.
-_LOCAL_NAMES = re.compile(r"(?<![.\w])(x|w|ch|a|b|k|key|count|total|totals|seen|best|product|groups|counts)\b")
+_LOCAL_NAMES = re.compile(r"(?<![.\w{])(x|w|ch|a|b|k|key|count|total|totals|seen|best|product|groups|counts)\b")
 
 
 PRIMS = {}
@@ -64,8 +64,8 @@ def _p(name, src, dst, weight, phrase, template, **consts):
 def R(a, b): return list(range(a, b + 1))
 
 # --- the library: ints -------------------------------------------------------------------------
-_p("add_{c}", INT, INT, 1, "add {c}", "result = {v} + {c}", c=R(1, 30))
-_p("minus_{c}", INT, INT, 1, "subtract {c}", "result = {v} - {c}", c=R(1, 30))
+_p("add_{c}", INT, INT, 1, "add {c}", "result = {v} + {c}", c=R(1, 50))
+_p("minus_{c}", INT, INT, 1, "subtract {c}", "result = {v} - {c}", c=R(1, 50))
 _p("times_{c}", INT, INT, 1, "multiply by {c}", "result = {v} * {c}", c=R(2, 12))
 _p("div_{c}", INT, INT, 2, "divide by {c}, rounding down", "result = {v} // {c}", c=R(2, 9))
 _p("mod_{c}", INT, INT, 2, "take the remainder after dividing by {c}", "result = {v} % {c}", c=R(2, 12))
@@ -79,10 +79,10 @@ _p("digits", INT, INTS, 2, "make the list of its digits (ignoring the sign)", "r
 _p("to_text", INT, STR, 1, "write the number as a string", "result = str({v})")
 _p("above_{c}", INT, BOOL, 1, "check whether it is greater than {c}", "result = {v} > {c}", c=R(-5, 40))
 _p("divisible_{c}", INT, BOOL, 1, "check whether it is divisible by {c}", "result = {v} % {c} == 0", c=R(2, 9))
-_p("label_{c}", INT, STR, 2, "give {a} if it is greater than {c}, otherwise {b}",
+_p("label_{a}_{b}_{c}", INT, STR, 2, "give {a} if it is greater than {c}, otherwise {b}",
    "if {v} > {c}:\n    result = {a}\nelse:\n    result = {b}", c=R(0, 30), a=[a for a, _ in _PAIRS], b=[b for _, b in _PAIRS])
 # --- lists of ints -----------------------------------------------------------------------------
-_p("add_each_{c}", INTS, INTS, 1, "add {c} to every number", "result = [x + {c} for x in {v}]", c=R(1, 20))
+_p("add_each_{c}", INTS, INTS, 1, "add {c} to every number", "result = [x + {c} for x in {v}]", c=R(1, 30))
 _p("times_each_{c}", INTS, INTS, 1, "multiply every number by {c}", "result = [x * {c} for x in {v}]", c=R(2, 9))
 _p("mod_each_{c}", INTS, INTS, 2, "replace every number by its remainder after dividing by {c}",
    "result = [x % {c} for x in {v}]", c=R(2, 10))
@@ -162,6 +162,14 @@ _p("word_lengths", WORDS, DICT, 2, "map every word to its length, in a dictionar
 _p("add_values_{c}", DICT, DICT, 1, "add {c} to every value", "result = {{key: count + {c} for key, count in {v}.items()}}", c=R(1, 20))
 _p("keep_values_above_{c}", DICT, DICT, 2, "keep only the entries whose value is greater than {c}",
    "result = {{key: count for key, count in {v}.items() if count > {c}}}", c=R(0, 15))
+_p("times_values_{c}", DICT, DICT, 1, "multiply every value by {c}",
+   "result = {{key: count * {c} for key, count in {v}.items()}}", c=R(2, 9))
+_p("keep_values_below_{c}", DICT, DICT, 2, "keep only the entries whose value is less than {c}",
+   "result = {{key: count for key, count in {v}.items() if count < {c}}}", c=R(1, 20))
+_p("keys_above_{c}", DICT, WORDS, 2, "take the keys whose value is greater than {c}, in sorted order",
+   "result = sorted(key for key in {v} if {v}[key] > {c})", c=R(0, 15))
+_p("value_of_{c}", DICT, INT, 1, "take the value stored under {c} (0 if it is not a key)", "result = {v}.get({c}, 0)",
+   c=_VOCAB)
 _p("sorted_keys", DICT, WORDS, 1, "take the keys in sorted order", "result = sorted({v})")
 _p("values", DICT, INTS, 1, "take the values in key order", "result = [{v}[k] for k in sorted({v})]")
 _p("sum_values", DICT, INT, 1, "take the sum of the values", "result = sum({v}.values())")
@@ -232,44 +240,54 @@ def composition_key(program):
 
 _MERGE = {frozenset(("add", "minus"))}   # adjacent steps that fold into one (add 3, subtract 5 = subtract 2)
 
+@functools.cache
 def _next_prims(typ, last, more):
-    """Primitives that may follow `last` on a value of type `typ`; more=True: the chain must go on."""
-    return [key for key, p in PRIMS.items() if p.src == typ and key != last and frozenset((key, last)) not in _MERGE
+    """(primitives that may follow `last` on a value of type `typ`, their sampling weights); more=True:
+    the chain must go on. Weight = sqrt(number of constant choices): a primitive with many constants
+    makes many distinct programs, so drawing it more often keeps repeats rare in a big train set."""
+    keys = [key for key, p in PRIMS.items() if p.src == typ and key != last and frozenset((key, last)) not in _MERGE
             and not (more and p.dst == BOOL)]
+    return keys, [math.prod(len(c) for _, c in PRIMS[key].consts) ** 0.5 for key in keys]
 
 _START_TYPES = (INT, STR, INTS, WORDS, DICT)
+_START_WEIGHTS = [sum(p.src == typ for p in PRIMS.values()) for typ in _START_TYPES]   # more ways to start, more often
 
 def sample_sequence(r, n_steps, start=None):
-    seq, typ = [], start or r.choice(_START_TYPES)
+    seq, typ = [], start or r.choices(_START_TYPES, _START_WEIGHTS)[0]
     for i in range(n_steps):
-        choices = _next_prims(typ, seq[-1] if seq else None, i < n_steps - 1)
-        if not choices:
+        keys, weights = _next_prims(typ, seq[-1] if seq else None, i < n_steps - 1)
+        if not keys:
             return None
-        seq.append(r.choice(choices))
+        seq.append(r.choices(keys, weights)[0])
         typ = PRIMS[seq[-1]].dst
     return tuple(seq)
 
-def _size(value): return len(repr(value))
+def _too_big(value):
+    return abs(value) > 10 ** 9 if isinstance(value, int) else len(value) > 60
 
 def degenerate(program, inputs):
     """Why the program is not worth a task on these inputs, or None. Rejected: an error or a huge
-    value; a constant output; any run of steps (one step included) that changes nothing on every
-    input, e.g. the whole program, sort on a sorted list, reverse + reverse; a step whose removal
-    leaves every output unchanged (sort before sort_desc, upper before lower, keep > 3 before keep > 5)."""
-    try:
-        traces = [[x] + run(program, x) for x in inputs]
-    except Exception as e:                                   # a template bug: the tests catch these
-        return f"error {e!r}"
-    if any(_size(v) > 200 for t in traces for v in t):
-        return "huge value"
+    value; a (nearly) constant output; any run of steps (one step included) that changes nothing on
+    every input, e.g. the whole program, sort on a sorted list, reverse + reverse; a step whose removal
+    leaves every output unchanged (sort before sort_desc, upper before lower, keep > 3 before keep > 5).
+    Steps run one at a time so that most rejections come early."""
+    steps = program.steps
+    traces = [[x] for x in inputs]
+    for j, (key, consts) in enumerate(steps):
+        fn = PRIMS[key].fn
+        try:
+            for t in traces:
+                t.append(fn(t[-1], *consts))
+        except Exception as e:                               # a template bug: the tests catch these
+            return f"error {e!r}"
+        if any(_too_big(t[-1]) for t in traces):
+            return "huge value"
+        for i in range(j + 1):
+            if PRIMS[steps[i][0]].src == PRIMS[key].dst and all(t[i] == t[j + 1] for t in traces):
+                return f"steps {i + 1}-{j + 1} change nothing"
     outs = [repr(t[-1]) for t in traces]
     if max(map(outs.count, set(outs))) > 0.75 * len(outs):      # one answer nearly always right
         return "(nearly) constant output"
-    steps = program.steps
-    for i in range(len(steps)):
-        for j in range(i, len(steps)):
-            if PRIMS[steps[i][0]].src == PRIMS[steps[j][0]].dst and all(t[i] == t[j + 1] for t in traces):
-                return f"steps {i + 1}-{j + 1} change nothing"
     for i, (key, _) in enumerate(steps):
         if PRIMS[key].src == PRIMS[key].dst:
             rest = Program(steps[i + 1:])
@@ -277,15 +295,22 @@ def degenerate(program, inputs):
                 return f"step {i + 1} is redundant"
     return None
 
-def sample_program(r, n_steps, allow=None, start=None, n_probe=16, tries=200):
-    """A type-checked chain of n_steps primitives with random constants, not degenerate on n_probe
-    sampled inputs. allow(sequence) -> bool filters sequences before any constant is drawn (the split)."""
+def _pool(r, pools, typ, n=20):
+    """The inputs of one type that a task's probes and test cases share (sampled once per task: speed)."""
+    if typ not in pools:
+        pools[typ] = sample_inputs(r, typ, n)
+    return pools[typ]
+
+def sample_program(r, n_steps, allow=None, start=None, pools=None, tries=200):
+    """A type-checked chain of n_steps primitives with random constants, not degenerate on sampled
+    inputs. allow(sequence) -> bool filters sequences before any constant is drawn (the split)."""
+    pools = {} if pools is None else pools
     for _ in range(tries):
         seq = sample_sequence(r, n_steps, start)
         if seq is None or (allow and not allow(seq)):
             continue
         program = Program(tuple((key, tuple(r.choice(c) for _, c in PRIMS[key].consts)) for key in seq))
-        if degenerate(program, sample_inputs(r, program.arg_type, n_probe)) is None:
+        if degenerate(program, _pool(r, pools, program.arg_type)) is None:
             return program
     raise RuntimeError(f"no {n_steps}-step program after {tries} tries")
 
@@ -317,17 +342,23 @@ def slice_of(program):
         return "train"
     return "near" if _bucket("near", program.ops, [c for _, c in program.steps]) < NEAR_PCT else "train"
 
+def _has_constants(seq):
+    """A train program of 3+ steps has a constant: one without any is a single function, so it would
+    repeat in a big train set (and could never have a near twin)."""
+    return len(seq) < 3 or any(PRIMS[key].consts for key in seq)
+
 # Steps per program: mostly 3-4, where the space of programs is large (1-step programs are few and
 # would repeat); the novel slice adds 5-step programs.
-_STEPS = {"train": {1: 3, 2: 12, 3: 35, 4: 50}, "near": {1: 3, 2: 12, 3: 35, 4: 50}, "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
+_STEPS = {"train": {1: 1, 2: 5, 3: 30, 4: 64}, "near": {1: 1, 2: 5, 3: 30, 4: 64}, "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
 
 def _steps_for(level, slice_):
     """Step counts that can have this difficulty (difficulty() is n or n + 1)."""
     return [n for n in _STEPS[slice_] if n in (level, level - 1)]
 
-def sample_split_program(r, slice_, difficulties=None, tries=200):
+def sample_split_program(r, slice_, difficulties=None, pools=None, tries=200):
     """A program of the given slice ('train', 'near', 'novel'), optionally of one of these difficulties."""
-    allow = is_novel if slice_ == "novel" else (lambda seq: not is_novel(seq))
+    pools = {} if pools is None else pools
+    allow = is_novel if slice_ == "novel" else (lambda seq: not is_novel(seq) and _has_constants(seq))
     for _ in range(tries):
         if difficulties:
             level = r.choice(sorted(difficulties))
@@ -337,7 +368,7 @@ def sample_split_program(r, slice_, difficulties=None, tries=200):
             n = r.choice(counts)
         else:
             level, n = None, r.choices(list(_STEPS[slice_]), weights=list(_STEPS[slice_].values()))[0]
-        program = sample_program(r, n, allow)
+        program = sample_program(r, n, allow, pools=pools)
         if slice_of(program) == slice_ and (level is None or difficulty(program) == level):
             return program
     raise RuntimeError(f"no {slice_} program with difficulties {difficulties}")
@@ -372,21 +403,20 @@ def solution_of(program, arg):
     code = [step_code(key, consts, arg if i == 0 else "result") for i, (key, consts) in enumerate(program.steps)]
     return "".join("    " + line + "\n" for line in "\n".join(code + ["return result"]).split("\n"))
 
-def render(program, r, n_hidden=6):
+def render(program, r, pools=None, n_hidden=6):
     """Everything a task needs: name, args, docstring, solution, prompt with 1-3 examples, inputs and
     outputs (examples first), difficulty and composition key. Same case order as tasks._build:
     distinct outputs first, so a constant answer cannot pass."""
     arg = r.choice(ARG_NAMES[program.arg_type])
     name, doc = describe(program, arg)
-    inputs = sample_inputs(r, program.arg_type, 30)
-    r.shuffle(inputs)
+    cases = [(x, run(program, x)[-1]) for x in _pool(r, {} if pools is None else pools, program.arg_type)]
+    r.shuffle(cases)
     first = {}
-    for x in inputs:
-        first.setdefault(repr(run(program, x)[-1]), x)
-    chosen = {id(x) for x in first.values()}
-    ordered = list(first.values()) + [x for x in inputs if id(x) not in chosen]
+    for case in cases:
+        first.setdefault(repr(case[1]), case)
+    chosen = {id(case) for case in first.values()}
     n_ex = r.choice((1, 2, 2, 3))
-    cases = [(x, run(program, x)[-1]) for x in ordered[:n_ex + n_hidden]]
+    cases = (list(first.values()) + [case for case in cases if id(case) not in chosen])[:n_ex + n_hidden]
     lines = [f"def {name}({arg}):", f'    """{doc}']
     for x, out in cases[:n_ex]:
         lines += [f"    >>> {name}({x!r})", f"    {out!r}"]
@@ -403,8 +433,9 @@ def sample_task(split, seed, index, difficulties=None):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     r = random.Random(f"world/{split}/{seed}/{index}")      # str seeds are hashed with sha512: stable
     slice_ = "train" if split == "train" else r.choice(("near", "novel"))
-    program = sample_split_program(r, slice_, difficulties)
-    return program, render(program, r)
+    pools = {}
+    program = sample_split_program(r, slice_, difficulties, pools)
+    return program, render(program, r, pools)
 
 def make_task(split, seed, index, difficulties=None):
     """One world task as a tasks.Task (family 'world'); its slice is 'near' / 'novel' for test tasks."""
