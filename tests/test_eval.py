@@ -15,6 +15,7 @@ import torch
 
 import common
 import env
+from tasks import generate_tasks
 import eval as ev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,7 +159,7 @@ def tiny(tmp_path_factory):
     """A tiny tokenizer trained on solved train tasks and two tiny random MoE checkpoints."""
     from model import GPT, GPTConfig
     from tokenizer import train_tokenizer
-    tok = train_tokenizer([env.corpus_text(t) for t in env.generate_tasks("train", 200, seed=1)], 400)
+    tok = train_tokenizer([env.corpus_text(t) for t in generate_tasks("train", 200, seed=1)], 400)
     d = tmp_path_factory.mktemp("ckpts")
     paths, models = [], []
     for seed in (0, 1):
@@ -204,7 +205,7 @@ def test_bits_per_byte_real_model_is_finite(tiny):
 
 def test_sample_completions_shape_determinism_routes(tiny):
     model, tok = tiny.models[0], tiny.tok
-    tasks = env.generate_tasks("test", 3, seed=0)
+    tasks = generate_tasks("test", 3, seed=0)
     kw = dict(n=2, temperature=1.0, max_new_tokens=12, batch_size=4)
     a = ev.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5),
                               return_routes=True, **kw)

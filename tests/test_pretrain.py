@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import env
+from tasks import generate_tasks, load_humaneval
 from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,8 +101,8 @@ def test_no_heldout_prompt_in_training_tokens(smoke):
     out, s, _ = smoke
     text = "".join(train_text(s, Tokenizer.load(out / "tokenizer.json")).values())
     assert "def " in text
-    prompts = [env.render_prompt(t) for t in env.generate_tasks("test", 200, seed=0)]
-    prompts += [t.prompt for t in env.load_humaneval()]
+    prompts = [env.render_prompt(t) for t in generate_tasks("test", 200, seed=0)]
+    prompts += [t.prompt for t in load_humaneval()]
     assert not [pr for pr in prompts if pr in text]
 
 
@@ -121,7 +122,7 @@ def user_data(tmp_path_factory, cache):
     (root / "empty.py").write_text("\n\n")
     (root / "huge.py").write_text("y = 2\n" * 20000)                  # 120 KB > --max-file-kb 100
     (root / "notes.txt").write_text("not a .py file\n")
-    he, test_task = env.load_humaneval()[0], env.generate_tasks("test", 5, seed=0)[2]
+    he, test_task = load_humaneval()[0], generate_tasks("test", 5, seed=0)[2]
     (root / "leak_he.py").write_text("import math\n\n" + he.prompt + "    return False\n")
     (root / "leak_test.py").write_text("# copied from somewhere\n" + env.corpus_text(test_task))
     jsonl = root.parent / "docs.jsonl"        # a JSONL source too, with one malformed line

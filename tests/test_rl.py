@@ -11,6 +11,7 @@ import torch
 
 import common
 import env
+from tasks import generate_tasks
 import train_rl as rl
 from model import GPT, GPTConfig
 from tokenizer import train_tokenizer
@@ -130,7 +131,7 @@ def test_router_replay_matches_generation():
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("rl")
-    texts = [env.corpus_text(t) for t in env.generate_tasks("train", 300, seed=0)]
+    texts = [env.corpus_text(t) for t in generate_tasks("train", 300, seed=0)]
     tok = train_tokenizer(texts, 320)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=160, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,

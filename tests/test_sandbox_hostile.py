@@ -12,16 +12,17 @@ import time
 import pytest
 
 import env
+from tasks import Task
 
 SECRET = "hunter2-do-not-leak"
 N = 6  # cases per task: f(x) = x + 1
 
 def io_task():
-    return env.Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/io", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     inputs=[[i] for i in range(N)], outputs=[i + 1 for i in range(N)])
 
 def assert_task():
-    return env.Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
+    return Task("hostile/assert", 'def f(x):\n    """Return x plus 1."""\n', "f",
                     test="def check(candidate):\n    for i in range(5):\n        assert candidate(i) == i + 1\n")
 
 # name -> (completion, allowed outcomes). {S} is replaced by the sentinel path.
