@@ -16,7 +16,9 @@ the reference solution is those statements one after another, never a call into 
 The same text, compiled once per primitive, is what runs to produce the examples and hidden tests, so
 the docstring, the solution and the outputs cannot drift apart. Stdlib only.
 """
-import argparse, dataclasses, functools, hashlib, json, math, random, re, sys, time
+import argparse, dataclasses, functools, hashlib, itertools, json, math, random, re, sys, time
+
+import tasks
 
 INT, STR, BOOL, INTS, WORDS, DICT = "int", "str", "bool", "list[int]", "list[str]", "dict[str,int]"
 ARG_NAMES = {INT: ("n", "num", "value", "number"), STR: ("s", "text", "line", "phrase"),
@@ -347,6 +349,15 @@ def _has_constants(seq):
     repeat in a big train set (and could never have a near twin)."""
     return len(seq) < 3 or any(PRIMS[key].consts for key in seq)
 
+# tasks.py's `compose` family writes 2-3 step chains of some of these very statements; those functions
+# are its own (its split may hold them out), so the world never makes them: one function, one owner.
+_COMPOSE_STEPS = {"result = " + expr.format(v="{v}", **dict(zip(params, values)))
+                  for _, _, expr, params in tasks._STR_STEPS + tasks._LIST_STEPS
+                  for values in itertools.product(*params.values())}
+
+def owned_by_compose(program):
+    return 2 <= len(program.steps) <= 3 and all(step_code(key, consts, "{v}") in _COMPOSE_STEPS for key, consts in program.steps)
+
 # Steps per program: mostly 3-4, where the space of programs is large (1-step programs are few and
 # would repeat); the novel slice adds 5-step programs.
 _STEPS = {"train": {1: 1, 2: 5, 3: 30, 4: 64}, "near": {1: 1, 2: 5, 3: 30, 4: 64}, "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
@@ -369,6 +380,8 @@ def sample_split_program(r, slice_, difficulties=None, pools=None, tries=200):
         else:
             level, n = None, r.choices(list(_STEPS[slice_]), weights=list(_STEPS[slice_].values()))[0]
         program = sample_program(r, n, allow, pools=pools)
+        if owned_by_compose(program):
+            continue
         if slice_of(program) == slice_ and (level is None or difficulty(program) == level):
             return program
     raise RuntimeError(f"no {slice_} program with difficulties {difficulties}")
@@ -431,21 +444,18 @@ def sample_task(split, seed, index, difficulties=None):
     is near or novel with equal odds."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    r = random.Random(f"world/{split}/{seed}/{index}")      # str seeds are hashed with sha512: stable
-    slice_ = "train" if split == "train" else r.choice(("near", "novel"))
+    r = tasks._Random(f"world/{split}/{seed}/{index}")      # str seeds are hashed with sha512: stable
+    novel_ok = not difficulties or max(difficulties) >= 2           # a novel program has 2+ steps
+    slice_ = "train" if split == "train" else r.choice(("near", "novel") if novel_ok else ("near",))
     pools = {}
     program = sample_split_program(r, slice_, difficulties, pools)
     return program, render(program, r, pools)
 
 def make_task(split, seed, index, difficulties=None):
     """One world task as a tasks.Task (family 'world'); its slice is 'near' / 'novel' for test tasks."""
-    import tasks                       # here, not at the top: tasks.py imports this module
     _, spec = sample_task(split, seed, index, difficulties)
-    task = tasks.Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
-                      None, spec["solution"], "world", spec["difficulty"])
-    if hasattr(task, "slice"):
-        task.slice = "" if split == "train" else spec["slice"]
-    return task
+    return tasks.Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
+                      None, spec["solution"], "world", spec["difficulty"], slice="" if split == "train" else spec["slice"])
 
 def generate_tasks(split, n, seed=0, difficulties=None):
     """n world tasks (only the world: tasks.generate_tasks mixes in the template families)."""
@@ -462,17 +472,15 @@ def _example(seed):
     print(f"# difficulty {spec['difficulty']}, slice {spec['slice']}, steps {' -> '.join(spec['key'][0])}")
 
 def _stats(n, seed):
-    import tasks
     t0 = time.time()
     ts = tasks.generate_tasks("train", n, seed)
     secs = time.time() - t0
-    identity = getattr(tasks, "function_identity", None)
-    ids = {identity(t) for t in ts} if identity else None
-    world = [t for t in ts if t.family == "world"]
-    return {"n": n, "seconds": round(secs, 1), "world_share": round(len(world) / n, 3),
-            "distinct_solutions": len({t.solution for t in ts}),
-            "distinct_identities": len(ids) if ids is not None else None,
-            "identity_ratio": round(len(ids) / n, 4) if ids is not None else None,
+    ids = {tasks.function_identity(t) for t in ts}
+    world_ids = {tasks.function_identity(t) for t in ts if t.family == "world"}
+    n_world = sum(t.family == "world" for t in ts)
+    return {"n": n, "seconds": round(secs, 1), "world_share": round(n_world / n, 3),
+            "distinct_identities": len(ids), "identity_ratio": round(len(ids) / n, 4),
+            "world_identity_ratio": round(len(world_ids) / max(1, n_world), 4),
             "n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}
 
 if __name__ == "__main__":

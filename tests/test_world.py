@@ -8,6 +8,7 @@ import random
 import pytest
 
 import env
+import tasks
 import world
 from world import DICT, INT, INTS, STR, WORDS, Program, PRIMS
 
@@ -165,10 +166,32 @@ def test_tasks_are_deterministic_and_bad_split_is_an_error():
         world.make_task("dev", 0, 0)
 
 def test_world_is_large():
-    """Nearly every train program is new: 5,000 world train tasks hold >= 97% distinct programs
-    (`python world.py --stats` measures 100,000 tasks mixed with the template families)."""
-    keys = {world.sample_task("train", 0, i)[0] for i in range(5000)}
-    assert len(keys) >= 0.97 * 5000
+    """5,000 train tasks of the mix hold >= 90% distinct function identities (measured: 94.8%);
+    `python world.py --stats` measures the 100,000 of the issue's goal."""
+    ts = tasks.generate_tasks("train", 5000, seed=0)
+    assert len({tasks.function_identity(t) for t in ts}) >= 0.90 * len(ts)
+
+def test_generate_tasks_mixes_world_and_templates():
+    ts = tasks.generate_tasks("train", 600, seed=2)
+    assert 0.85 <= sum(t.family == "world" for t in ts) / len(ts) <= 0.95 and all(t.slice == "" for t in ts)
+    test = tasks.generate_tasks("test", 300, seed=2)
+    assert {t.slice for t in test if t.family == "world"} == {"near", "novel"}
+    assert {t.family for t in tasks.generate_tasks("test", 30, families=["world"])} == {"world"}
+    assert "world" not in {t.family for t in tasks.generate_tasks("train", 60, families=["lists", "strings"])}
+    assert {t.difficulty for t in tasks.generate_tasks("train", 40, difficulties=[2], families=["world"])} == {2}
+    low = tasks.generate_tasks("test", 40, difficulties=[1], families=["world"])       # no 1-step novel program
+    assert {(t.difficulty, t.slice) for t in low} == {(1, "near")}
+
+def test_no_function_in_both_splits_and_world_never_makes_a_template_function():
+    ident = lambda ts: {tasks.function_identity(t) for t in ts}
+    train, test = tasks.generate_tasks("train", 4000, seed=6), tasks.generate_tasks("test", 1500, seed=6)
+    assert not ident(train) & ident(test)
+    world_ids = ident([t for t in train + test if t.family == "world"])
+    assert not world_ids & ident([t for t in train + test if t.family != "world"])
+    # the compose family writes chains of the same statements: those functions stay its own
+    assert world.owned_by_compose(Program((("upper", ()), ("reverse_text", ()))))
+    assert not world.owned_by_compose(Program((("upper", ()), ("split", ()))))
+    assert not world.owned_by_compose(Program((("upper", ()),)))
 
 def test_world_tasks_solved_in_sandbox():
     tasks = world.generate_tasks("train", 20, seed=1) + world.generate_tasks("test", 20, seed=1)
