@@ -77,12 +77,14 @@ _p("cap_{c}", INT, INT, 2, "replace it by {c} if it is larger than {c}", "result
 _p("floor_{c}", INT, INT, 2, "replace it by {c} if it is smaller than {c}", "result = max({v}, {c})", c=R(-5, 30))
 _p("digit_sum", INT, INT, 3, "replace the number by the sum of its digits (ignoring the sign)",
    "total = 0\nfor ch in str(abs({v})):\n    total += int(ch)\nresult = total")
-_p("digits", INT, INTS, 2, "make the list of its digits (ignoring the sign)", "result = [int(ch) for ch in str(abs({v}))]")
+_p("digits", INT, INTS, 2, "make the list of its digits (ignoring the sign)",
+   "result = [int(ch) for ch in str(abs({v}))]")
 _p("to_text", INT, STR, 1, "write the number as a string", "result = str({v})")
 _p("above_{c}", INT, BOOL, 1, "check whether it is greater than {c}", "result = {v} > {c}", c=R(-5, 40))
 _p("divisible_{c}", INT, BOOL, 1, "check whether it is divisible by {c}", "result = {v} % {c} == 0", c=R(2, 9))
 _p("label_{a}_{b}_{c}", INT, STR, 2, "give {a} if it is greater than {c}, otherwise {b}",
-   "if {v} > {c}:\n    result = {a}\nelse:\n    result = {b}", c=R(0, 30), a=[a for a, _ in _PAIRS], b=[b for _, b in _PAIRS])
+   "if {v} > {c}:\n    result = {a}\nelse:\n    result = {b}",
+   c=R(0, 30), a=[a for a, _ in _PAIRS], b=[b for _, b in _PAIRS])
 # --- lists of ints -----------------------------------------------------------------------------
 _p("add_each_{c}", INTS, INTS, 1, "add {c} to every number", "result = [x + {c} for x in {v}]", c=R(1, 30))
 _p("times_each_{c}", INTS, INTS, 1, "multiply every number by {c}", "result = [x * {c} for x in {v}]", c=R(2, 9))
@@ -90,12 +92,16 @@ _p("mod_each_{c}", INTS, INTS, 2, "replace every number by its remainder after d
    "result = [x % {c} for x in {v}]", c=R(2, 10))
 _p("squares", INTS, INTS, 1, "square every number", "result = [x * x for x in {v}]")
 _p("abs_each", INTS, INTS, 1, "replace every number by its absolute value", "result = [abs(x) for x in {v}]")
-_p("cap_each_{c}", INTS, INTS, 2, "replace every number larger than {c} by {c}", "result = [min(x, {c}) for x in {v}]", c=R(0, 25))
-_p("keep_above_{c}", INTS, INTS, 2, "keep only the numbers greater than {c}", "result = [x for x in {v} if x > {c}]", c=R(-5, 25))
-_p("keep_below_{c}", INTS, INTS, 2, "keep only the numbers less than {c}", "result = [x for x in {v} if x < {c}]", c=R(-5, 25))
+_p("cap_each_{c}", INTS, INTS, 2, "replace every number larger than {c} by {c}",
+   "result = [min(x, {c}) for x in {v}]", c=R(0, 25))
+_p("keep_above_{c}", INTS, INTS, 2, "keep only the numbers greater than {c}", "result = [x for x in {v} if x > {c}]",
+   c=R(-5, 25))
+_p("keep_below_{c}", INTS, INTS, 2, "keep only the numbers less than {c}", "result = [x for x in {v} if x < {c}]",
+   c=R(-5, 25))
 _p("keep_even", INTS, INTS, 1, "keep only the even numbers", "result = [x for x in {v} if x % 2 == 0]")
 _p("keep_odd", INTS, INTS, 1, "keep only the odd numbers", "result = [x for x in {v} if x % 2 == 1]")
-_p("keep_multiples_{c}", INTS, INTS, 2, "keep only the multiples of {c}", "result = [x for x in {v} if x % {c} == 0]", c=R(3, 7))
+_p("keep_multiples_{c}", INTS, INTS, 2, "keep only the multiples of {c}", "result = [x for x in {v} if x % {c} == 0]",
+   c=R(3, 7))
 _p("sort", INTS, INTS, 1, "sort the numbers from smallest to largest", "result = sorted({v})")
 _p("sort_desc", INTS, INTS, 1, "sort the numbers from largest to smallest", "result = sorted({v}, reverse=True)")
 _p("sort_by_last_digit", INTS, INTS, 2, "sort the numbers by their last digit, keeping the order of ties",
@@ -104,7 +110,8 @@ _p("reverse", INTS, INTS, 1, "reverse the list", "result = {v}[::-1]")
 _p("first_{c}", INTS, INTS, 1, "keep the first {c} numbers", "result = {v}[:{c}]", c=R(1, 6))
 _p("drop_{c}", INTS, INTS, 1, "drop the first {c} numbers", "result = {v}[{c}:]", c=R(1, 4))
 _p("every_other", INTS, INTS, 2, "keep every second number, starting with the first", "result = {v}[::2]")
-_p("running_total", INTS, INTS, 3, "replace the list by its running totals (item i is the sum of the first i + 1 numbers)",
+_p("running_total",
+   INTS, INTS, 3, "replace the list by its running totals (item i is the sum of the first i + 1 numbers)",
    "totals = []\ntotal = 0\nfor x in {v}:\n    total += x\n    totals.append(total)\nresult = totals")
 _p("dedupe", INTS, INTS, 3, "remove repeated numbers, keeping the first occurrence of each",
    "seen = []\nfor x in {v}:\n    if x not in seen:\n        seen.append(x)\nresult = seen")
@@ -114,10 +121,12 @@ _p("sum", INTS, INT, 1, "take the sum of the numbers", "result = sum({v})")
 _p("count_numbers", INTS, INT, 1, "count the numbers", "result = len({v})")
 _p("max", INTS, INT, 1, "take the largest number (0 for an empty list)", "result = max({v}, default=0)")
 _p("min", INTS, INT, 1, "take the smallest number (0 for an empty list)", "result = min({v}, default=0)")
-_p("count_above_{c}", INTS, INT, 2, "count the numbers greater than {c}", "result = len([x for x in {v} if x > {c}])", c=R(-5, 25))
+_p("count_above_{c}", INTS, INT, 2, "count the numbers greater than {c}", "result = len([x for x in {v} if x > {c}])",
+   c=R(-5, 25))
 _p("product", INTS, INT, 2, "take the product of the numbers (1 for an empty list)",
    "product = 1\nfor x in {v}:\n    product *= x\nresult = product")
-_p("any_above_{c}", INTS, BOOL, 2, "check whether any number is greater than {c}", "result = any(x > {c} for x in {v})", c=R(0, 30))
+_p("any_above_{c}", INTS, BOOL, 2, "check whether any number is greater than {c}",
+   "result = any(x > {c} for x in {v})", c=R(0, 30))
 _p("join_{c}", INTS, STR, 2, "write the numbers as one string, separated by {c}",
    "result = {c}.join(str(x) for x in {v})", c=list(_SEPS))
 # --- strings -----------------------------------------------------------------------------------
@@ -125,7 +134,8 @@ _p("upper", STR, STR, 1, "convert it to upper case", "result = {v}.upper()")
 _p("lower", STR, STR, 1, "convert it to lower case", "result = {v}.lower()")
 _p("reverse_text", STR, STR, 1, "reverse the string", "result = {v}[::-1]")
 _p("remove_{c}", STR, STR, 1, "remove every {c}", "result = {v}.replace({c}, '')", c=list(_LETTERS + " "))
-_p("swap_{c}_{d}", STR, STR, 2, "replace every {c} by {d}", "result = {v}.replace({c}, {d})", c=list(_LETTERS), d=list("xyz-_"))
+_p("swap_{c}_{d}", STR, STR, 2, "replace every {c} by {d}", "result = {v}.replace({c}, {d})",
+   c=list(_LETTERS), d=list("xyz-_"))
 _p("head_{c}", STR, STR, 1, "keep the first {c} characters", "result = {v}[:{c}]", c=R(1, 8))
 _p("tail_{c}", STR, STR, 1, "keep the last {c} characters", "result = {v}[-{c}:]", c=R(1, 8))
 _p("suffix_{c}", STR, STR, 1, "append {c}", "result = {v} + {c}", c=["ing", "ed", "er", "ly", "s", "!", "?", "."])
@@ -138,17 +148,19 @@ _p("length", STR, INT, 1, "count its characters", "result = len({v})")
 _p("count_char_{c}", STR, INT, 1, "count how many times {c} occurs", "result = {v}.count({c})", c=list(_LETTERS))
 _p("vowels", STR, INT, 3, "count the vowels (a, e, i, o, u, either case)",
    "count = 0\nfor ch in {v}:\n    if ch.lower() in 'aeiou':\n        count += 1\nresult = count")
-_p("starts_{c}", STR, BOOL, 1, "check whether it starts with {c}", "result = {v}.startswith({c})", c=list(_LETTERS))
+_p("longer_than_{c}", STR, BOOL, 1, "check whether it has more than {c} characters", "result = len({v}) > {c}",
+   c=R(2, 12))
 # --- lists of words ----------------------------------------------------------------------------
 _p("sort_words", WORDS, WORDS, 1, "sort the words alphabetically", "result = sorted({v})")
-_p("sort_by_length", WORDS, WORDS, 2, "sort the words by length, keeping the order of ties", "result = sorted({v}, key=len)")
+_p("sort_by_length", WORDS, WORDS, 2, "sort the words by length, keeping the order of ties",
+   "result = sorted({v}, key=len)")
 _p("longer_{c}", WORDS, WORDS, 2, "keep only the words longer than {c} characters",
-   "result = [w for w in {v} if len(w) > {c}]", c=R(1, 4))
+   "result = [w for w in {v} if len(w) > {c}]", c=R(1, 5))
 _p("starting_{c}", WORDS, WORDS, 2, "keep only the words that start with {c}",
    "result = [w for w in {v} if w.startswith({c})]", c=list("abcdefprst"))
 _p("upper_each", WORDS, WORDS, 1, "convert every word to upper case", "result = [w.upper() for w in {v}]")
 _p("reverse_words", WORDS, WORDS, 1, "reverse the order of the words", "result = {v}[::-1]")
-_p("first_words_{c}", WORDS, WORDS, 1, "keep the first {c} words", "result = {v}[:{c}]", c=R(1, 4))
+_p("first_words_{c}", WORDS, WORDS, 1, "keep the first {c} words", "result = {v}[:{c}]", c=R(1, 5))
 _p("unique_words", WORDS, WORDS, 3, "remove repeated words, keeping the first occurrence of each",
    "seen = []\nfor w in {v}:\n    if w not in seen:\n        seen.append(w)\nresult = seen")
 _p("join_words_{c}", WORDS, STR, 1, "join the words with {c} between them", "result = {c}.join({v})", c=list(_SEPS))
@@ -159,9 +171,11 @@ _p("word_counts", WORDS, DICT, 3, "count how many times each word occurs, in a d
    "counts = {{}}\nfor w in {v}:\n    counts[w] = counts.get(w, 0) + 1\nresult = counts")
 _p("by_first_letter", WORDS, DICT, 3, "count the words by their first letter, in a dictionary",
    "groups = {{}}\nfor w in {v}:\n    groups[w[:1]] = groups.get(w[:1], 0) + 1\nresult = groups")
-_p("word_lengths", WORDS, DICT, 2, "map every word to its length, in a dictionary", "result = {{w: len(w) for w in {v}}}")
+_p("word_lengths", WORDS, DICT, 2, "map every word to its length, in a dictionary",
+   "result = {{w: len(w) for w in {v}}}")
 # --- dictionaries (str -> int) -----------------------------------------------------------------
-_p("add_values_{c}", DICT, DICT, 1, "add {c} to every value", "result = {{key: count + {c} for key, count in {v}.items()}}", c=R(1, 20))
+_p("add_values_{c}", DICT, DICT, 1, "add {c} to every value",
+   "result = {{key: count + {c} for key, count in {v}.items()}}", c=R(1, 20))
 _p("keep_values_above_{c}", DICT, DICT, 2, "keep only the entries whose value is greater than {c}",
    "result = {{key: count for key, count in {v}.items() if count > {c}}}", c=R(0, 15))
 _p("times_values_{c}", DICT, DICT, 1, "multiply every value by {c}",
@@ -195,7 +209,7 @@ def sample_input(r, typ):
     if typ == WORDS:
         return [_word(r).lower() for _ in range(r.randint(0, 6))]
     if typ == DICT:
-        return {r.choice(_VOCAB): r.randint(0, 20) for _ in range(r.randint(0, 5))}
+        return {r.choice(_VOCAB): r.randint(0, 20) for _ in range(r.randint(0, 7))}
     raise ValueError(f"no inputs of type {typ}")
 
 def sample_inputs(r, typ, n):
@@ -249,7 +263,7 @@ def _next_prims(typ, last, more):
     makes many distinct programs, so drawing it more often keeps repeats rare in a big train set."""
     keys = [key for key, p in PRIMS.items() if p.src == typ and key != last and frozenset((key, last)) not in _MERGE
             and not (more and p.dst == BOOL)]
-    return keys, [math.prod(len(c) for _, c in PRIMS[key].consts) ** 0.5 for key in keys]
+    return keys, [_space([key]) ** 0.5 for key in keys]
 
 _START_TYPES = (INT, STR, INTS, WORDS, DICT)
 _START_WEIGHTS = [sum(p.src == typ for p in PRIMS.values()) for typ in _START_TYPES]   # more ways to start, more often
@@ -344,10 +358,12 @@ def slice_of(program):
         return "train"
     return "near" if _bucket("near", program.ops, [c for _, c in program.steps]) < NEAR_PCT else "train"
 
+def _space(seq): return math.prod(len(c) for key in seq for _, c in PRIMS[key].consts)
+
 def _has_constants(seq):
-    """A train program of 3+ steps has a constant: one without any is a single function, so it would
-    repeat in a big train set (and could never have a near twin)."""
-    return len(seq) < 3 or any(PRIMS[key].consts for key in seq)
+    """A train program of 3+ steps has constants with at least 12 settings: a sequence with fewer
+    functions would repeat in a big train set (and one without constants could never have a near twin)."""
+    return len(seq) < 3 or _space(seq) >= 12
 
 # tasks.py's `compose` family writes 2-3 step chains of some of these very statements; those functions
 # are its own (its split may hold them out), so the world never makes them: one function, one owner.
@@ -356,11 +372,13 @@ _COMPOSE_STEPS = {"result = " + expr.format(v="{v}", **dict(zip(params, values))
                   for values in itertools.product(*params.values())}
 
 def owned_by_compose(program):
-    return 2 <= len(program.steps) <= 3 and all(step_code(key, consts, "{v}") in _COMPOSE_STEPS for key, consts in program.steps)
+    codes = [step_code(key, consts, "{v}") for key, consts in program.steps]
+    return 2 <= len(codes) <= 3 and all(code in _COMPOSE_STEPS for code in codes)
 
 # Steps per program: mostly 3-4, where the space of programs is large (1-step programs are few and
 # would repeat); the novel slice adds 5-step programs.
-_STEPS = {"train": {1: 1, 2: 5, 3: 30, 4: 64}, "near": {1: 1, 2: 5, 3: 30, 4: 64}, "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
+_STEPS = {"train": {1: 0.5, 2: 3.5, 3: 30, 4: 66}, "near": {1: 0.5, 2: 3.5, 3: 30, 4: 66},
+          "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
 
 def _steps_for(level, slice_):
     """Step counts that can have this difficulty (difficulty() is n or n + 1)."""
@@ -387,8 +405,6 @@ def sample_split_program(r, slice_, difficulties=None, pools=None, tries=200):
     raise RuntimeError(f"no {slice_} program with difficulties {difficulties}")
 
 # --- rendering: what tasks.py needs ---------------------------------------------------------------
-_TYPE_WORDS = {INT: "a number", STR: "a string", INTS: "a list of numbers", WORDS: "a list of words",
-               DICT: "a dictionary from words to numbers"}
 _SLUGS = {" ": "space", ",": "comma", "-": "dash", "": "nothing", "+": "plus", "_": "underscore", "!": "bang",
           "?": "question", ".": "dot"}
 
@@ -408,8 +424,8 @@ def describe(program, arg):
         p = PRIMS[key]
         names.append(p.name.format(**{slot: _slug(c) for (slot, _), c in zip(p.consts, consts)}))
         phrases.append(p.phrase.format(**{slot: repr(c) for (slot, _), c in zip(p.consts, consts)}))
-    doc = f"Take {arg} ({_TYPE_WORDS[program.arg_type]}), " + ", then ".join(phrases) + ", and return the result."
-    return "_then_".join(names), doc
+    doc = f"Take {arg}, " + ", then ".join(phrases) + ", and return the result."
+    return "_".join(names), doc
 
 def solution_of(program, arg):
     """The reference body: one readable statement (or loop) per step, then `return result`."""
@@ -455,7 +471,8 @@ def make_task(split, seed, index, difficulties=None):
     """One world task as a tasks.Task (family 'world'); its slice is 'near' / 'novel' for test tasks."""
     _, spec = sample_task(split, seed, index, difficulties)
     return tasks.Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
-                      None, spec["solution"], "world", spec["difficulty"], slice="" if split == "train" else spec["slice"])
+                      None, spec["solution"], "world", spec["difficulty"],
+                      slice="" if split == "train" else spec["slice"])
 
 def generate_tasks(split, n, seed=0, difficulties=None):
     """n world tasks (only the world: tasks.generate_tasks mixes in the template families)."""

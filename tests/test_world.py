@@ -184,7 +184,7 @@ def test_generate_tasks_mixes_world_and_templates():
 
 def test_no_function_in_both_splits_and_world_never_makes_a_template_function():
     ident = lambda ts: {tasks.function_identity(t) for t in ts}
-    train, test = tasks.generate_tasks("train", 4000, seed=6), tasks.generate_tasks("test", 1500, seed=6)
+    train, test = tasks.generate_tasks("train", 2000, seed=6), tasks.generate_tasks("test", 800, seed=6)
     assert not ident(train) & ident(test)
     world_ids = ident([t for t in train + test if t.family == "world"])
     assert not world_ids & ident([t for t in train + test if t.family != "world"])
