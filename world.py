@@ -377,7 +377,7 @@ def owned_by_compose(program):
 
 # Steps per program: mostly 3-4, where the space of programs is large (1-step programs are few and
 # would repeat); the novel slice adds 5-step programs.
-_STEPS = {"train": {1: 0.5, 2: 3.5, 3: 30, 4: 66}, "near": {1: 0.5, 2: 3.5, 3: 30, 4: 66},
+_STEPS = {"train": {1: 0.5, 2: 3.5, 3: 26, 4: 70}, "near": {1: 0.5, 2: 3.5, 3: 26, 4: 70},
           "novel": {2: 15, 3: 30, 4: 30, 5: 25}}
 
 def _steps_for(level, slice_):
@@ -489,13 +489,13 @@ def _example(seed):
     print(f"# difficulty {spec['difficulty']}, slice {spec['slice']}, steps {' -> '.join(spec['key'][0])}")
 
 def _stats(n, seed):
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     ts = tasks.generate_tasks("train", n, seed)
-    secs = time.time() - t0
+    secs, cpu = time.time() - t0, time.process_time() - cpu0
     ids = {tasks.function_identity(t) for t in ts}
     world_ids = {tasks.function_identity(t) for t in ts if t.family == "world"}
     n_world = sum(t.family == "world" for t in ts)
-    return {"n": n, "seconds": round(secs, 1), "world_share": round(n_world / n, 3),
+    return {"n": n, "seconds": round(secs, 1), "cpu_seconds": round(cpu, 1), "world_share": round(n_world / n, 3),
             "distinct_identities": len(ids), "identity_ratio": round(len(ids) / n, 4),
             "world_identity_ratio": round(len(world_ids) / max(1, n_world), 4),
             "n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}
