@@ -133,8 +133,9 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
 # Scoring
 
 def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
-    """Pure bookkeeping: per-sample results -> pass@k overall / by family / by difficulty,
-    outcome counts, lengths, a few examples. `sandbox_error` means the sandbox failed, not the
+    """Pure bookkeeping: per-sample results -> pass@k overall / by slice (tasks.py: "near",
+    "novel"; tasks without one are left out) / by family / by difficulty, outcome counts, lengths,
+    a few examples. `sandbox_error` means the sandbox failed, not the
     model (env.py's convention): such samples are counted but excluded from every score."""
     ks = sorted(set(ks) | {1})
     per_task = defaultdict(lambda: [0, 0])          # task_idx -> [valid samples, correct samples]
@@ -158,7 +159,8 @@ def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
     used = sorted({s["task_idx"] for s in samples})
     out = block(used)
     out["pass@k"] = {k: out[f"pass@{k}"] for k in ks if f"pass@{k}" in out}
-    groups = {"by_family": lambda t: t.family, "by_difficulty": lambda t: t.difficulty}
+    groups = {"by_slice": lambda t: getattr(t, "slice", ""), "by_family": lambda t: t.family,
+              "by_difficulty": lambda t: t.difficulty}
     for name, key in groups.items():
         g = defaultdict(list)
         for i in used:
@@ -300,6 +302,11 @@ def flat_figures(r):
         e = r[part]
         for k, v in e["pass@k"].items():
             f[f"{part}/pass@{k}"] = v
+        for name, d in e.get("by_slice", {}).items():   # every pass@k of each held-out slice
+            if name != part:                              # (HumanEval's one slice is itself)
+                for k in e["pass@k"]:
+                    if f"pass@{k}" in d:
+                        f[f"{part}/slice={name}/pass@{k}"] = d[f"pass@{k}"]
         for group in ("by_family", "by_difficulty"):
             for name, d in e[group].items():
                 if "pass@1" in d:
@@ -407,7 +414,9 @@ def evaluate_checkpoints(args):
             f" ({args.tasks or 'env test split, seed %d' % args.task_seed}); humaneval: "
             f"{len(humaneval)} problems x {1 if args.temperature == 0 else args.humaneval_n}; "
             f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
-            f"outcome rows are fractions of samples; mean_len in generated tokens")
+            f"outcome rows are fractions of samples; mean_len in generated tokens; test = all held-out "
+            f"tasks, slice=near: templates seen in training with unseen constants, slice=novel: templates or "
+            f"step combinations never in training (tasks.py)")
     table = markdown_table(figs)
     md = [f"# eval: {', '.join(labels)}", "", head, "", table, ""]
     for label, r in report.items():
@@ -487,7 +496,7 @@ def score_completions(args):
                   "outcome": r.outcome, "feedback": r.feedback} for s, r in zip(samples, results)])
     summary = {"pass@1": out.get("pass@1"), "pass@k": out["pass@k"], "outcomes": out["outcomes"],
                "n_tasks": out["n_tasks"], "n_samples": len(samples), "sandbox_errors": out["sandbox_errors"],
-               "by_family": out["by_family"], "by_difficulty": out["by_difficulty"],
+               "by_slice": out["by_slice"], "by_family": out["by_family"], "by_difficulty": out["by_difficulty"],
                "results": os.path.join(args.out_dir, "results.jsonl")}
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

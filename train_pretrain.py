@@ -93,8 +93,8 @@ a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source"
 a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
 a("--max-file-kb", type=float, default=1024, help="skip (and count) files/documents larger than this")
 a("--val-frac", type=float, default=0.02, help="fraction of documents (by content hash) held out for validation")
-a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose prompts never reach "
-  "training; HumanEval and canary prompts are always excluded")
+a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose functions and prompts "
+  "never reach training; HumanEval's and the canaries' are always excluded")
 a("--cache-dir", help="token/tokenizer cache, default OUT_DIR/cache; share it between runs")
 a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained once per corpus, cached)")
 a("--tok-train-mb", type=float, help="MB of training documents, shared by mix weight, the BPE is trained on")
@@ -279,24 +279,29 @@ def load_source(name, skipped):
 
 
 def heldout_index():
-    """Never trained on: env test-split prompts (what eval.py/train_rl.py measure), canaries and
-    HumanEval, as {def line: statements (next line, whitespace-normalised)}. A document leaks if it
-    holds both (reformatted copies too); train tasks that merely share a signature with a test task
-    (env holds out parameter combinations, e.g. other thresholds) are kept."""
-    prompts = [env.render_prompt(t) for t in tasks.generate_tasks("test", args.holdout_n, seed=0) + tasks.canary_tasks()]
-    index = {}
-    for lines in (pr.splitlines() for pr in prompts + [t.prompt for t in tasks.load_humaneval()]):
+    """Never trained on: env test-split tasks (what eval.py/train_rl.py measure: --holdout-n of seed 0),
+    canaries and HumanEval, as (their function identities, {def line: first line after it}). A
+    document leaks if it holds one of their functions under any names (tasks.function_identity: the
+    same canonical AST, e.g. the stdlib's operator.add is HumanEval/53) or one of their prompts (def
+    line + next line, whitespace-normalised). The train split never generates these functions
+    (tasks.split_of); this filter is what keeps them out of the stdlib and --data sources too."""
+    held = tasks.generate_tasks("test", args.holdout_n, seed=0) + tasks.canary_tasks() + tasks.load_humaneval()
+    prompts = {}
+    for lines in (env.render_prompt(t).splitlines() for t in held):
         for i, line in enumerate(lines):
             if line.lstrip().startswith("def "):
                 statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
-                index.setdefault(line.strip(), set()).add(" ".join(statement.split()))
-    return index
+                prompts.setdefault(line.strip(), set()).add(" ".join(statement.split()))
+    return {tasks.function_identity(t) for t in held}, prompts
 
 
 def is_heldout(doc, index):
-    hits = [index[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in index]
+    identities, prompts = index
+    hits = [prompts[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in prompts]
     flat = " ".join(doc.split()) if hits else ""
-    return any(st in flat for statements in hits for st in statements)
+    if any(st in flat for statements in hits for st in statements):
+        return True
+    return "def " in doc and not identities.isdisjoint(tasks.function_identities(doc))
 
 
 def prepare_data(tok):

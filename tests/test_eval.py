@@ -49,8 +49,8 @@ def test_pass_at_k_hand_values():
 
 
 def test_summarize_excludes_sandbox_errors():
-    tasks = [SimpleNamespace(task_id="a", family="lists", difficulty=1),
-             SimpleNamespace(task_id="b", family="strings", difficulty=2)]
+    tasks = [SimpleNamespace(task_id="a", family="lists", difficulty=1, slice="near"),
+             SimpleNamespace(task_id="b", family="strings", difficulty=2, slice="novel")]
     outcomes = [["pass", "wrong_answer", "sandbox_error", "pass"],
                 ["timeout", "syntax_error", "wrong_answer", "sandbox_error"]]
     samples, results = [], []
@@ -66,6 +66,9 @@ def test_summarize_excludes_sandbox_errors():
     assert out["sandbox_errors"] == 2 and out["outcomes"]["pass"] == 2 and out["n_samples"] == 8
     assert out["by_family"]["lists"]["pass@1"] == pytest.approx(2 / 3)
     assert out["by_difficulty"]["2"]["pass@1"] == 0.0
+    assert out["by_slice"]["near"]["pass@2"] == 1.0 and out["by_slice"]["novel"]["pass@1"] == 0.0
+    figs = ev.flat_figures({"test": out})
+    assert figs["test/slice=near/pass@1"] == pytest.approx(2 / 3) and figs["test/slice=novel/pass@2"] == 0.0
     assert out["mean_len"] == 3
 
 
@@ -231,7 +234,7 @@ def test_sample_completions_shape_determinism_routes(tiny):
 def test_two_checkpoints_one_table(tiny, tmp_path):
     out = tmp_path / "eval"
     r = run_cli("--preset", "smoke", "--ckpt", tiny.paths[0], "--ckpt", tiny.paths[1],
-                "--label", "base", "--label", "other", "--n-tasks", "3", "--n-samples", "2",
+                "--label", "base", "--label", "other", "--n-tasks", "16", "--n-samples", "2",
                 "--humaneval-problems", "2", "--humaneval-n", "1", "--max-new-tokens", "16",
                 "--bpb-tokens", "256", "--workers", "2", "--out-dir", str(out), timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -240,10 +243,12 @@ def test_two_checkpoints_one_table(tiny, tmp_path):
     assert headers == ["| metric | base | other |"]                     # ONE table, both columns
     rows = {l.split("|")[1].strip() for l in lines if l.startswith("| ") and "---" not in l}
     assert {"test/pass@1", "humaneval/pass@1", "bits_per_byte", "test/mean_len"} <= rows
+    assert {"test/slice=near/pass@1", "test/slice=novel/pass@1"} <= rows        # test/0/15 is novel
     s = last_json(r.stdout)
     assert set(s["checkpoints"]) == {"base", "other"}
     for figs in s["checkpoints"].values():
-        assert {"test/pass@1", "test/pass@1", "humaneval/pass@1", "bits_per_byte"} <= set(figs)
+        assert {"test/pass@1", "test/slice=near/pass@1", "test/slice=novel/pass@1", "humaneval/pass@1",
+                "bits_per_byte"} <= set(figs)
         assert all(math.isfinite(v) for v in figs.values())
         assert "test/pass@5" not in figs                                  # n = 2 < 5
     for f in ("eval.md", "eval.json", "test_tasks.jsonl"):
