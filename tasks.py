@@ -600,8 +600,9 @@ _compose("xs", _LIST_STEPS, 2, 3)
 _compose("xs", _LIST_STEPS, 2, 4, _ENDS)
 _compose("xs", _LIST_STEPS, 3, 5, _ENDS)
 # The compositional world (world.py) is one more family and most of the mix: its programs are
-# nearly all distinct functions, where these templates repeat (issue 15).
-WORLD_SHARE = 0.9
+# nearly all distinct functions, where these templates repeat (issue 15: 100,000 train tasks must hold
+# 90,000 distinct functions; `python world.py --stats`).
+WORLD_SHARE = 0.92
 FAMILIES = sorted({v.family for v in _VARIANTS} | {"world"})
 assert len({(v.family, v.name) for v in _VARIANTS}) == len(_VARIANTS), "variant names must be unique"
 

@@ -16,7 +16,18 @@ the reference solution is those statements one after another, never a call into 
 The same text, compiled once per primitive, is what runs to produce the examples and hidden tests, so
 the docstring, the solution and the outputs cannot drift apart. Stdlib only.
 """
-import argparse, dataclasses, functools, hashlib, itertools, json, math, random, re, sys, time
+import argparse
+import builtins
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+import keyword
+import math
+import random
+import re
+import time
 
 import tasks
 
@@ -213,7 +224,7 @@ def sample_input(r, typ):
     raise ValueError(f"no inputs of type {typ}")
 
 def sample_inputs(r, typ, n):
-    """Up to n distinct inputs (distinct as JSON)."""
+    """Up to n distinct inputs."""
     pool = {}
     for _ in range(3 * n):
         x = sample_input(r, typ)
@@ -425,7 +436,9 @@ def describe(program, arg):
         names.append(p.name.format(**{slot: _slug(c) for (slot, _), c in zip(p.consts, consts)}))
         phrases.append(p.phrase.format(**{slot: repr(c) for (slot, _), c in zip(p.consts, consts)}))
     doc = f"Take {arg}, " + ", then ".join(phrases) + ", and return the result."
-    return "_".join(names), doc
+    name = "_".join(names)
+    # `def sum(nums): result = sum(nums)` would call itself: never shadow a builtin or use a keyword
+    return ("compute_" + name if hasattr(builtins, name) or keyword.iskeyword(name) else name), doc
 
 def solution_of(program, arg):
     """The reference body: one readable statement (or loop) per step, then `return result`."""

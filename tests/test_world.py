@@ -173,7 +173,7 @@ def test_world_is_large():
 
 def test_generate_tasks_mixes_world_and_templates():
     ts = tasks.generate_tasks("train", 600, seed=2)
-    assert 0.85 <= sum(t.family == "world" for t in ts) / len(ts) <= 0.95 and all(t.slice == "" for t in ts)
+    assert 0.87 <= sum(t.family == "world" for t in ts) / len(ts) <= 0.97 and all(t.slice == "" for t in ts)
     test = tasks.generate_tasks("test", 300, seed=2)
     assert {t.slice for t in test if t.family == "world"} == {"near", "novel"}
     assert {t.family for t in tasks.generate_tasks("test", 30, families=["world"])} == {"world"}
@@ -199,3 +199,13 @@ def test_world_tasks_solved_in_sandbox():
         rs = pool.run_batch(tasks, [t.solution for t in tasks])
     bad = [(t.task_id, r) for t, r in zip(tasks, rs) if not r.passed]
     assert not bad, bad[:3]
+
+def test_every_primitive_alone_renders_a_working_function():
+    """A one-step function named after its step: `def sum(nums): result = sum(nums)` would recurse."""
+    r = random.Random(8)
+    for key, p in PRIMS.items():
+        program = Program(((key, tuple(c[0] for _, c in p.consts)),))
+        spec = world.render(program, r)
+        ns = {}
+        exec(spec["prompt"] + spec["solution"], ns)
+        assert [ns[spec["name"]](x) for (x,) in spec["inputs"]] == spec["outputs"], key
