@@ -3,8 +3,9 @@
     r = random.Random(0)
     program = sample_program(r, 3)                 # a type-checked, non-degenerate 3-step chain
     spec = render(program, r)                      # name, args, docstring, solution, test cases, difficulty
-    python world.py --example                      # print one 3-step task with its solution
-    python world.py --stats                        # distinct programs / function identities in 100,000 train tasks
+    task = make_task("test", seed, index)          # a tasks.Task (tasks.generate_tasks mixes these in)
+    python world.py --example --seed 13           # print one 3-step task with its solution
+    python world.py --stats                        # distinct function identities in 100,000 train tasks
 
 Why: 8 families of fixed templates let a small model memorise template -> body. Here the space of
 programs is combinatorial (DeepCoder, Balog et al. 2017: a typed DSL of ~40 list/int primitives), and
@@ -487,10 +488,6 @@ def make_task(split, seed, index, difficulties=None):
                       None, spec["solution"], "world", spec["difficulty"],
                       slice="" if split == "train" else spec["slice"])
 
-def generate_tasks(split, n, seed=0, difficulties=None):
-    """n world tasks (only the world: tasks.generate_tasks mixes in the template families)."""
-    return [make_task(split, seed, i, difficulties) for i in range(n)]
-
 # --- command line --------------------------------------------------------------------------------
 def _example(seed):
     r = random.Random(seed)
@@ -520,6 +517,8 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.n < 1:
+        ap.error(f"--n must be at least 1, got {args.n}")
     if args.example:
         _example(args.seed)
     out = _stats(args.n, args.seed) if args.stats else {"n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}
