@@ -87,8 +87,10 @@ def test_sampled_programs_are_typed_and_never_degenerate():
 def test_rendered_solution_is_readable_python_that_gives_the_outputs():
     r = random.Random(3)
     for slice_ in ("train", "near", "novel"):
-        for program in programs(slice_, 60, seed=3):
-            spec = world.render(program, r)
+        for _ in range(60):
+            pools = {}                                  # rendered on the inputs it was probed with, as make_task does
+            program = world.sample_split_program(r, slice_, pools=pools)
+            spec = world.render(program, r, pools)
             assert "world" not in spec["solution"] and "PRIMS" not in spec["solution"]   # no DSL interpreter
             assert spec["solution"].count("result = ") >= len(program.steps)
             assert spec["solution"].rstrip().endswith("return result")
