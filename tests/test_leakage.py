@@ -32,6 +32,13 @@ def train():
 
 
 @pytest.fixture(scope="module")
+def template_train():
+    """Train tasks of the template families only: the world (world.py) is most of the mix, and its
+    slices are checked in tests/test_world.py."""
+    return tasks.generate_tasks("train", N_TRAIN, seed=0, families=sorted(set(tasks.FAMILIES) - {"world"}))
+
+
+@pytest.fixture(scope="module")
 def test_sets():
     return {seed: tasks.generate_tasks("test", 1000, seed=seed) for seed in TEST_SEEDS}
 
@@ -104,14 +111,14 @@ def _templates(family_tasks, family):
     return out
 
 
-def test_slices_mean_what_they_say(train, test_sets):
+def test_slices_mean_what_they_say(train, template_train, test_sets):
     test = [t for ts in test_sets.values() for t in ts]
     assert {t.slice for t in train} == {""}
     counts = {s: sum(t.slice == s for t in test) for s in ("near", "novel")}
     assert sum(counts.values()) == len(test) and min(counts.values()) > 0.2 * len(test), counts
     near_seen = []
-    for family in tasks.FAMILIES:
-        seen = {v.name for v in _templates([t for t in train if t.family == family], family).values()}
+    for family in set(tasks.FAMILIES) - {"world"}:
+        seen = {v.name for v in _templates([t for t in template_train if t.family == family], family).values()}
         fam_test = {t.task_id: t for t in test if t.family == family}
         for t_id, v in _templates(fam_test.values(), family).items():
             if fam_test[t_id].slice == "novel":   # the template (compose: the step combination) never in train
@@ -151,7 +158,8 @@ def test_pretraining_corpus_holds_no_heldout_function(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])
     assert s["data"]["twins"]["skipped"].get("heldout") == 3, s["data"]
-    assert s["data"]["stdlib"]["docs"] > 100 and s["data"]["tasks"]["docs"] > 10000, s["data"]
+    # --source-mb 3 caps each source: ~5,000 tasks (world.py's programs are longer than the templates)
+    assert s["data"]["stdlib"]["docs"] > 100 and s["data"]["tasks"]["docs"] > 4000, s["data"]
     tok = Tokenizer.load(out / "tokenizer.json")
     n_docs, leaks = 0, []
     for name, path in s["caches"].items():            # train and val documents of every source
@@ -161,4 +169,4 @@ def test_pretraining_corpus_holds_no_heldout_function(tmp_path):
             doc = tok.decode(ids[a + 1:b].tolist())
             n_docs += 1
             leaks += [(name, held_ids[i]) for i in tasks.function_identities(doc) if i in held_ids]
-    assert n_docs > 10000 and not leaks, leaks[:10]
+    assert n_docs > 5000 and not leaks, leaks[:10]
