@@ -17,3 +17,11 @@ run_stage() {
 json_get() { python -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 # Idle OpenMP threads sleep instead of spinning: the sandbox workers share these cores with torch.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# base_ckpt: sets CKPT to a pretrained checkpoint for RL experiments: $CKPT if given, else one pretraining run
+# of the preset (stage "base" in $OUT).
+base_ckpt() {
+  if [ -z "${CKPT:-}" ]; then
+    run_stage base python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/base"
+    CKPT=$(json_get "$OUT/base.json" ckpt)
+  fi
+}

@@ -12,10 +12,7 @@ OUT=${OUT:-runs/exp/router_replay_$PRESET}
 SEEDS=${SEEDS:-0 1}
 RL_ARGS=${RL_ARGS:-}
 mkdir -p "$OUT"
-if [ -z "${CKPT:-}" ]; then
-  run_stage base python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/base"
-  CKPT=$(json_get "$OUT/base.json" ckpt)
-fi
+base_ckpt
 for S in $SEEDS; do
   run_stage "rl_replay_s$S" python train_rl.py --preset "$PRESET" --seed "$S" $RL_ARGS --init-from "$CKPT" \
     --out-dir "$OUT/replay_s$S"
