@@ -193,7 +193,8 @@ class SandboxPool:
     RLIMIT_NPROC=1 under a per-worker unprivileged uid (no fork, no threads, so nothing can outlive
     the child); chroot into a fresh tmpfs of its own, unmounted as a whole afterwards; stdin
     /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; per worker a network
-    namespace (no network) and an IPC namespace in which no IPC object can be created. The worker
+    namespace (no network), a PID namespace (nothing outlives a killed worker) and an IPC namespace
+    in which no IPC object can be created. The worker
     enforces the wall-clock timeout, SIGKILLs the process group and reaps it. Without root, only the
     rlimits and the process-group kill apply (a warning says so once): run untrusted code as root in
     a VM/container.

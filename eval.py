@@ -370,7 +370,7 @@ def evaluate_checkpoints(args):
     else:
         try:
             test = generate_tasks("test", args.n_tasks, seed=args.task_seed, difficulties=difficulties)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:     # world.py: RuntimeError when no program fits the levels
             common.die(f"--difficulties {args.difficulties}: {e}")
     humaneval = [] if args.no_humaneval else load_humaneval()[:args.humaneval_problems]
     bpb_texts = None if args.no_bpb else heldout_code_texts()

@@ -27,7 +27,8 @@ that carry exact builtin data only (`pack`/`unpack`), like the I/O path does for
 Per run (as root): a fresh tmpfs as the candidate's root (size and inode caps), unmounted as a
 whole afterwards (cannot fail on what the program left, O(1) time); new session; rlimits (CPU, AS,
 FSIZE, NOFILE, NPROC=1: no fork, no threads; CORE=0); chroot; setgroups/setgid/setuid last;
-scrubbed env. Per worker (namespaces are inherited by every child): no network (netns), a private
+scrubbed env. Per worker (namespaces are inherited by every child): no network (netns), a PID
+namespace whose init is the zygote (a killed worker takes every candidate with it), a private
 mount table, a UTS namespace, and an IPC namespace whose System V and POSIX-mqueue limits are zero,
 so no candidate can create an IPC object at all (nothing to outlive a run or carry answers).
 Without root none of the namespaces, mounts, chroot or uid drop apply (env.py warns once).

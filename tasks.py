@@ -795,22 +795,26 @@ def parse_difficulties(s: str):
     for part in filter(None, s.replace(" ", "").split(",")):
         a, _, b = part.partition("-")
         try:
-            levels.update(range(int(a), int(b or a) + 1))
+            lo, hi = int(a), int(b or a)
         except ValueError:
             raise ValueError(f"difficulties {s!r}: want e.g. 1-3 or 1,2,5") from None
+        if not 1 <= lo <= hi <= 5:      # '3-1' or '0' would silently mean "every level" or none
+            raise ValueError(f"difficulties {s!r}: want levels 1..5, ranges low-high, e.g. 1-3 or 1,2,5")
+        levels.update(range(lo, hi + 1))
     return sorted(levels) or None
 
 
-def generate_tasks(split: str, n: int, seed: int = 0, difficulties=None, families=None) -> list[Task]:
-    """n tasks, deterministic from (split, seed, index); unlimited. No function is in both splits
-    (split_of); test tasks carry their slice ("near" / "novel")."""
+def generate_tasks(split: str, n: int, seed: int = 0, difficulties=None, families=None, start: int = 0) -> list[Task]:
+    """Tasks start..start+n-1 of a stream deterministic from (split, seed, index), unlimited, so a
+    trainer extends its stream without regenerating it. No function is in both splits (split_of);
+    test tasks carry their slice ("near" / "novel")."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if families and set(families) - set(FAMILIES):
         raise ValueError(f"unknown families {sorted(set(families) - set(FAMILIES))}; known: {FAMILIES}")
     if difficulties and set(difficulties) - {1, 2, 3, 4, 5}:
         raise ValueError("difficulties must be in 1..5")
-    return [_sample(split, seed, i, difficulties, families) for i in range(n)]
+    return [_sample(split, seed, i, difficulties, families) for i in range(start, start + n)]
 
 
 # Canaries: hidden tests contradict the docstring (the examples stay honest), so nobody honest

@@ -397,9 +397,9 @@ def next_tasks(ctx, n):
     the same global batch as one process. Returns (tasks, stream indices)."""
     pos = ctx.state["stream_pos"]
     keys = [ctx.rank + ctx.world * j for j in range(pos, pos + n)]
-    while keys and keys[-1] >= len(ctx.stream):           # generate_tasks is a prefix-stable stream
-        ctx.stream += generate_tasks("train", 2 * len(ctx.stream), seed=ctx.args.task_seed,
-                                         difficulties=ctx.levels)[len(ctx.stream):]
+    while keys and keys[-1] >= len(ctx.stream):           # task i depends on (seed, i) alone
+        ctx.stream += generate_tasks("train", len(ctx.stream), seed=ctx.args.task_seed,
+                                     difficulties=ctx.levels, start=len(ctx.stream))
     ctx.state["stream_pos"] = pos + n
     return [ctx.stream[k] for k in keys], keys
 
@@ -716,8 +716,10 @@ def held_out(ctx, tag, at):
             per_task[rec["task_id"]][1] += 1
             per_task[rec["task_id"]][2] += rec["passed"]
     sums = pass_sums(list(per_task.values()), (1, args.eval_k))
-    names = sorted(sums)
-    v = torch.tensor([x for n in names for x in sums[n]] + [sum(x["n_tokens"] for x in r["records"]),
+    # the same names in the same order on every rank (a rank may have no task of a slice), so the
+    # all-reduce adds like to like
+    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
+    v = torch.tensor([x for n in names for x in sums.get(n, (0.0, 0))] + [sum(x["n_tokens"] for x in r["records"]),
                                                            len(r["records"])], dtype=torch.float64)
     if ctx.ddp:
         dist.all_reduce(v)

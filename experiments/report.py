@@ -65,7 +65,10 @@ def collect(out_dir, curves):
         if kind == "pretrain":
             row.update({col: s.get(key) for key, col in PRE_KEYS})
         else:
+            k = next((m.group(1) for key in s if (m := re.fullmatch(r"pass@(\d+)_novel_before", key))
+                      and m.group(1) != "1"), "8")    # the run's --eval-k
             for key, col in RL_KEYS:
+                key, col = key.replace("@8", f"@{k}"), col.replace("@8", f"@{k}")
                 row[f"{col} before"], row[f"{col} after"] = s.get(key.format("before")), s.get(key.format("after"))
             row["RL steps"] = s.get("steps")
             for key in curves:

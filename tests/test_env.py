@@ -63,8 +63,8 @@ def test_parse_difficulties():
     assert tasks.parse_difficulties("5, 1,2") == [1, 2, 5]
     assert tasks.parse_difficulties("1-2,4") == [1, 2, 4]
     assert tasks.parse_difficulties("") is None
-    for bad in ["x", "1-y", "1;2"]:
-        with pytest.raises(ValueError, match="want e.g. 1-3"):
+    for bad in ["x", "1-y", "1;2", "3-1", "0", "9", "2-6"]:
+        with pytest.raises(ValueError, match="e.g. 1-3"):
             tasks.parse_difficulties(bad)
 
 def test_solutions_do_not_depend_on_argument_names():
@@ -237,3 +237,10 @@ def test_cli(tmp_path):
     assert r.returncode == 0 and r.stdout.count("def ") >= 2 and json.loads(r.stdout.strip().splitlines()[-1])["cmd"] == "show"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "env.py"), "export", "--n", "1", "--out", str(out), "--families", "nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error:")
+
+
+def test_generate_tasks_start_continues_the_stream():
+    # train_rl.py extends its task stream with start=len(stream) instead of regenerating it
+    whole = tasks.generate_tasks("train", 24, seed=3)
+    parts = tasks.generate_tasks("train", 10, seed=3) + tasks.generate_tasks("train", 14, seed=3, start=10)
+    assert [(t.task_id, t.prompt, t.solution) for t in whole] == [(t.task_id, t.prompt, t.solution) for t in parts]

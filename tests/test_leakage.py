@@ -72,6 +72,22 @@ def test_function_identity_ignores_names_docstrings_and_annotations():
     assert len(tasks.function_identities(src)) == 3 and tasks.function_identities("not python (") == set()
 
 
+def test_novel_templates_share_no_structure_with_train_templates():
+    # A novel template exists only in test; if its body equalled a train template's body (constants
+    # aside: reverse-then-first-c of a string and reverse-then-head-c of a list are one function),
+    # the same function would be trained under the other name. Compared symbolically (each constant
+    # becomes a placeholder, numbered by first use), so it holds for every constant, not a sample.
+    def structure(v):
+        consts = [k for key in v.params for k in key.split(",")]
+        order = list(dict.fromkeys(m for m in re.findall(r"\{(\w+)\}", v.body) if m in consts))
+        body = v.body.format(**{k: f"K{i}" for i, k in enumerate(order)}, **{s: s for s in v.sig})
+        return tasks.function_identity(body, list(v.sig))
+    novel = {structure(v): v.name for v in tasks._VARIANTS if v.novel}
+    trained = {structure(v): v.name for v in tasks._VARIANTS if not v.novel}
+    assert len(novel) > 50
+    assert not {novel[k]: trained[k] for k in novel.keys() & trained.keys()}
+
+
 def test_no_function_in_both_splits(train, test_sets):
     train_ids = {}
     for t in train:

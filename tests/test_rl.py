@@ -446,3 +446,18 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
     common.save_checkpoint(bad, small, Tokenizer.from_dict(ck["tokenizer"]))
     err = fails(["--init-from", bad] + out, capsys)
     assert "tokenizer has" in err and "model only 100" in err
+
+
+def test_ddp_held_out_eval_when_ranks_hold_different_slices(tiny_ckpt, tmp_path):
+    # Two test tasks of different slices, one per rank: each rank's held-out sums have only one
+    # slice's keys. The ranks used to all-reduce vectors built from their own key lists (a length
+    # mismatch, or sums added under the wrong names).
+    seed = next(s for s in range(50) if len({t.slice for t in generate_tasks("test", 2, seed=s)}) == 2)
+    out = str(tmp_path / "two")
+    p = run(["--init-from", tiny_ckpt, "--canary-every", "0", "--batch-tasks", "2", "--group-size", "2",
+             "--steps", "1", "--eval-tasks", "2", "--eval-n", "2", "--eval-k", "2", "--eval-seed", str(seed),
+             "--out-dir", out], nproc=2, timeout=170)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    for key in ("pass@1_near_before", "pass@1_novel_before", "pass@2_near_after", "pass@2_novel_after"):
+        assert summary[key] is not None and 0.0 <= summary[key] <= 1.0, key

@@ -271,11 +271,15 @@ def _host_shm_keys():
         return {int(line.split()[0]) for line in f.readlines()[1:] if line.strip()}
 
 def test_no_ctypes_and_no_shared_ipc():
+    import math
+    if not hasattr(math, "__file__"):
+        pytest.skip("math is built into this interpreter: the attacks cannot locate _ctypes next to it")
     before = _host_shm_keys()
     with env.SandboxPool(workers=1, timeout_s=2.0) as pool:
         rs = pool.run_batch([io_task()] * 2, [RELOAD_CTYPES, SHM_VIA_CTYPES])
         iso = pool.isolation
     assert [r.reward for r in rs] == [0.0, 0.0], rs
+    assert not any("AttributeError" in r.feedback for r in rs), rs   # stopped by the sandbox, not by a typo
     assert not (_host_shm_keys() - before), "a candidate's shared-memory segment outlives the pool"
     if os.geteuid() == 0:
         assert iso["ipcns"], iso
@@ -286,9 +290,11 @@ HOSTILE_ASSERT_2 = {
                             "        __hash__ = None\n    real = builtins.type\n"
                             "    builtins.type = lambda *a: int if len(a) == 1 and real(a[0]) is E else real(*a)\n"
                             "    return E()\n"),
+    # the worker's own emit() (a module global) reached through the frames: declare the run done
     "forge_done_via_frames": ("    import sys, os\n    f = sys._getframe(1)\n    while f is not None:\n"
-                              "        if 'emit' in f.f_locals:\n            f.f_locals['emit'](['done'])\n            os._exit(0)\n"
-                              "        f = f.f_back\n    return None\n"),
+                              "        e = f.f_globals.get('emit')\n        if callable(e):\n"
+                              "            e(5, ['done'])\n            os._exit(0)\n"
+                              "        f = f.f_back\n    raise RuntimeError('attack found no emit')\n"),
     "read_expected_via_gc": ("    import gc\n    for o in gc.get_objects():\n        if type(o) is dict and 'check' in o:\n"
                              "            o['check'] = lambda candidate: None\n    return None\n"),
 }
@@ -298,6 +304,8 @@ def test_assert_mode_judged_outside():
     with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
         rs = pool.run_batch([assert_task()] * len(names), list(HOSTILE_ASSERT_2.values()))
     assert all(r.reward == 0.0 and r.outcome in ("wrong_answer", "runtime_error") for r in rs), dict(zip(names, rs))
+    forged = rs[names.index("forge_done_via_frames")]
+    assert "attack found no emit" not in forged.feedback, forged     # the attack really ran its forgery
 
 # class 6: module-level code after the body, whatever starts its line, never reaches the program
 @pytest.mark.parametrize("sep", ["\r", "\f", "\r\n", "\n\f", "\n    \f"])
