@@ -378,6 +378,10 @@ class Supervisor:
         self.cfg, self.n = cfg, 0
         self.iso = {"netns": False, "pidns": False, "ipcns": False, "private_tmp": False, "tmpfs_per_run": False}
         privileged = os.geteuid() == 0 and not cfg["fallback"]   # "fallback": test the no-root path as root
+        # The zygote is exec'd from this file's text, read now: after the private /tmp is mounted, a
+        # checkout under /tmp (a CI clone, a test's copy) is no longer visible at its path.
+        with open(os.path.abspath(__file__)) as f:
+            source = f.read()
         self.libc = self._namespaces() if privileged else None
         tmp = "/tmp" if self.iso["private_tmp"] else cfg["tmpdir"]
         self.base = os.path.join(tmp, "sandbox-%d" % os.getpid())
@@ -388,7 +392,7 @@ class Supervisor:
         self.null = os.open(os.devnull, os.O_RDWR)
         uid = cfg["uid_base"] + 2 * os.getpid() if privileged else None   # unique among live workers
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cmd = [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(dict(cfg, uid=uid)), "zygote",
+        cmd = [sys.executable, "-I", "-S", "-c", source, json.dumps(dict(cfg, uid=uid)), "zygote",
                self.base, str(theirs.fileno())]
         pid = os.fork()                    # fork + exec at once: a fresh image, nothing of ours
         if pid == 0:

@@ -420,3 +420,21 @@ def test_fallback_without_root(monkeypatch, tmp_path):
         assert [r.outcome for r in rs] == ["pass"] * len(rs), rs
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)     # nothing left on disk
     os.rmdir(tmp_path)
+
+
+def test_pool_runs_from_a_checkout_under_tmp(tmp_path):
+    # The worker mounts a private /tmp: a checkout living under /tmp (a CI clone, this copy) used to
+    # vanish before the zygote was exec'd from it ("can't open file", every run a sandbox_error).
+    import shutil
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("env.py", "sandbox_worker.py", "tasks.py", "world.py"):
+        shutil.copy(os.path.join(root, name), tmp_path / name)
+    code = ("import env, tasks\n"
+            "t = tasks.Task('t', 'def f(x):\\n', 'f', inputs=[[1]], outputs=[2])\n"
+            "with env.SandboxPool(workers=1, timeout_s=2.0) as pool:\n"
+            "    print([r.outcome for r in pool.run_batch([t, t], ['    return x + 1\\n', '    return x\\n'])])\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "['pass', 'wrong_answer']", p.stdout + p.stderr[-2000:]
