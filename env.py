@@ -40,9 +40,6 @@ import tasks
 # ----------------------------------------------------------------------------- harness
 
 EOT = "<|endoftext|>"
-# For early stopping during generation. extract_completion also ends the body at ANY unindented
-# line, which subsumes these (the model writes an indented function body).
-STOP_SEQUENCES = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n@", EOT]
 
 def render_prompt(task) -> str:
     """Exactly the text the model is conditioned on: signature + docstring, ending with a newline."""
