@@ -7,9 +7,6 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-# Idle OpenMP threads sleep instead of spinning (as eval.py does): on a busy 2-core machine the
-# sampling test ran 0.3 s with it and up to 16 s without. Only effective if torch is not loaded yet.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 import torch
 
