@@ -40,12 +40,13 @@ import eval as evaluation
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
-# runs are in the README's notes). Difficulties 1-2 (one- and two-step programs) for training and
-# the held-out eval: the 2.7M-parameter model solves ~2% of those and almost none of the longer
-# programs, and a group with no pass carries no gradient. Dynamic sampling on: refills groups
-# whose samples all pass or all fail. Stopped by
-# the clock (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch
-# while generating the next only slows generation (`python bench.py rl`).
+# runs behind these choices are in the README's notes). Train on difficulties 1-3, programs of up to
+# three steps: the small model solves a few percent of those and almost none of the longer ones, and
+# a group without a pass carries no gradient; one- and two-step tasks alone teach single steps, not
+# composition. Held-out eval on difficulties 1-2, where the slices are measurable at this size.
+# Dynamic sampling refills groups whose samples all pass or all fail. Stopped by the clock
+# (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch while
+# generating the next only slows generation (`python bench.py rl`).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
                   warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
@@ -53,7 +54,7 @@ PRESETS = {
                   dynamic_sampling=False),
     "cpu": dict(steps=400, max_minutes=13.5, batch_tasks=16, group_size=8, max_new_tokens=96, temperature=1.0,
                 lr=2e-4, warmup_steps=5, micro_batch=32, gen_batch=128, eval_every=60, eval_tasks=256, eval_n=8,
-                eval_temperature=1.0, ckpt_every=20, canary_every=10, difficulties="1-2", eval_difficulties="1-2",
+                eval_temperature=1.0, ckpt_every=20, canary_every=10, difficulties="1-3", eval_difficulties="1-2",
                 dynamic_sampling=True, sandbox_timeout=1.0),
     "gpu": dict(steps=400, batch_tasks=64, group_size=16, max_new_tokens=256, temperature=1.0, lr=5e-5,
                 warmup_steps=10, micro_batch=64, gen_batch=512, eval_every=50, eval_tasks=500, eval_n=16,
