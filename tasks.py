@@ -709,6 +709,28 @@ def _function(v, params):
     return _FUNCTIONS[key]
 
 
+def order_cases(items, r, n_hidden):
+    """Shuffle (args, output) cases and put one case per distinct output first, so boolean or
+    rare-answer tasks show (and test) both answers and a constant like `return False` cannot pass.
+    Returns (the first n_examples + n_hidden cases, n_examples); templates and world.py share it."""
+    r.shuffle(items)
+    first = {}
+    for it in items:
+        first.setdefault(repr(it[1]), it)
+    ids = {id(it) for it in first.values()}
+    ordered = list(first.values()) + [it for it in items if id(it) not in ids]
+    n_ex = r.choice((1, 2, 2, 3))
+    return ordered[:n_ex + n_hidden], n_ex
+
+
+def render_doc_prompt(name, arg_names, doc, examples):
+    """The prompt: signature, docstring in words and `>>>` examples from (args, output) cases."""
+    lines = [f"def {name}({', '.join(arg_names)}):", f'    """{doc}']
+    for args, out in examples:
+        lines += [f"    >>> {name}({', '.join(map(repr, args))})", f"    {out!r}"]
+    return "\n".join(lines + ['    """']) + "\n"
+
+
 def _build(v, params, names, r, task_id, n_hidden=6):
     """Instantiate a variant: render name/doc/body, run the body on sampled inputs (trusted code)."""
     fmt = {**dict(zip(v.sig, names)), **params}
@@ -722,26 +744,13 @@ def _build(v, params, names, r, task_id, n_hidden=6):
             pool[key] = (args, fn(*[a.copy() if type(a) in (list, dict) else a for a in args]))
         if len(pool) >= 30 or (attempt >= 40 and len(pool) >= 12):
             break
-    items = list(pool.values())
-    r.shuffle(items)
-    # Cases with distinct outputs first: boolean / rare-answer tasks then show (and test) both
-    # answers, so a constant like `return False` cannot pass.
-    first = {}
-    for it in items:
-        first.setdefault(repr(it[1]), it)
-    ids = {id(it) for it in first.values()}
-    ordered = list(first.values()) + [it for it in items if id(it) not in ids]
-    n_ex = r.choice((1, 2, 2, 3))
-    cases = ordered[:n_ex + n_hidden]
+    cases, n_ex = order_cases(list(pool.values()), r, n_hidden)
     if len(cases) < n_ex + 5:
         raise RuntimeError(f"{v.name}: too few distinct inputs")
     for _, out in cases:     # outputs must survive JSON exactly (no tuples, no int dict keys)
         if json.loads(json.dumps(out)) != out:
             raise RuntimeError(f"{v.name}: output {out!r} is not JSON-stable")
-    lines = [f"def {name}({', '.join(names)}):", f'    """{doc}']
-    for args, out in cases[:n_ex]:
-        lines += [f"    >>> {name}({', '.join(map(repr, args))})", f"    {out!r}"]
-    prompt = "\n".join(lines + ['    """']) + "\n"
+    prompt = render_doc_prompt(name, names, doc, cases[:n_ex])
     return Task(task_id, prompt, name, [a for a, _ in cases], [o for _, o in cases], None, solution,
                 v.family, v.difficulty)
 

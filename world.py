@@ -448,24 +448,15 @@ def solution_of(program, arg):
 
 def render(program, r, pools=None, n_hidden=6):
     """Everything a task needs: name, args, docstring, solution, prompt with 1-3 examples, inputs and
-    outputs (examples first), difficulty and composition key. Same case order as tasks._build:
-    distinct outputs first, so a constant answer cannot pass."""
+    outputs (examples first), difficulty and composition key. Cases are ordered by
+    tasks.order_cases, as the templates' are."""
     arg = r.choice(ARG_NAMES[program.arg_type])
     name, doc = describe(program, arg)
-    cases = [(x, run(program, x)[-1]) for x in _pool(r, {} if pools is None else pools, program.arg_type)]
-    r.shuffle(cases)
-    first = {}
-    for case in cases:
-        first.setdefault(repr(case[1]), case)
-    chosen = {id(case) for case in first.values()}
-    n_ex = r.choice((1, 2, 2, 3))
-    cases = (list(first.values()) + [case for case in cases if id(case) not in chosen])[:n_ex + n_hidden]
-    lines = [f"def {name}({arg}):", f'    """{doc}']
-    for x, out in cases[:n_ex]:
-        lines += [f"    >>> {name}({x!r})", f"    {out!r}"]
-    prompt = "\n".join(lines + ['    """']) + "\n"
+    cases = [([x], run(program, x)[-1]) for x in _pool(r, {} if pools is None else pools, program.arg_type)]
+    cases, n_ex = tasks.order_cases(cases, r, n_hidden)
+    prompt = tasks.render_doc_prompt(name, [arg], doc, cases[:n_ex])
     return {"name": name, "args": [arg], "doc": doc, "prompt": prompt, "solution": solution_of(program, arg),
-            "inputs": [[x] for x, _ in cases], "outputs": [out for _, out in cases], "n_examples": n_ex,
+            "inputs": [args for args, _ in cases], "outputs": [out for _, out in cases], "n_examples": n_ex,
             "difficulty": difficulty(program), "slice": slice_of(program), "key": composition_key(program)}
 
 # --- tasks ---------------------------------------------------------------------------------------
