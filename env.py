@@ -16,6 +16,7 @@ evaluated in (Composer 2 report, "harness parity"). Three parts:
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
 import argparse
+import ast
 import concurrent.futures
 import dataclasses
 import io
@@ -81,6 +82,58 @@ def corpus_text(task) -> str:
     if task.solution is None:
         raise ValueError(f"task {task.task_id} has no solution")
     return render_prompt(task) + task.solution
+
+# ----------------------------------------------------------------------------- episodes (multi-turn)
+# The agentic loop in miniature (Composer 2 trains "in the same harness" the deployed model works in):
+# write the body, run the docstring's examples (the only tests the model can see), read what failed,
+# write the body again. The hidden tests decide the reward and never appear in feedback.
+
+def visible_tests(task) -> list[tuple[list, object]]:
+    """The docstring's examples, `>>> name(args)` and the answer on the next line, as (args, expected
+    value): calls of the entry point with literal arguments and a literal answer. Anything else
+    (prints, keyword arguments, non-literal values) is not a test the harness can run."""
+    try:        # the docstring itself, so the closing quotes never end up in an expected value
+        fn = next(n for n in ast.walk(ast.parse(render_prompt(task) + "    pass\n"))
+                  if isinstance(n, ast.FunctionDef) and n.name == task.entry_point)
+        lines = [ln.strip() for ln in (ast.get_docstring(fn) or "").splitlines()] + [""]
+    except (SyntaxError, StopIteration, ValueError, MemoryError, RecursionError):
+        return []
+    out = []
+    for source, want in zip(lines, lines[1:]):
+        if not source.startswith(">>> ") or not want or want.startswith(">>>"):
+            continue
+        try:
+            call = ast.parse(source[4:], mode="eval").body
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id == task.entry_point and not call.keywords):
+                out.append(([ast.literal_eval(a) for a in call.args], ast.literal_eval(want)))
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+    return out
+
+def visible_task(task):
+    """The task judged on its visible examples only (None if it has none): feedback comes from this."""
+    cases = visible_tests(task)
+    if not cases:
+        return None
+    return dataclasses.replace(task, task_id=task.task_id + "/visible", inputs=[a for a, _ in cases],
+                               outputs=[w for _, w in cases], test=None, canary=False)
+
+def render_feedback(task, result, attempt: str) -> str:
+    """What follows a failed attempt in the context: the first failing example the way a person
+    sees it run (the call, expected and actual value, or the error's last line), then the signature
+    again, after which the model writes a new body. `attempt` is the text the model wrote (a
+    newline is added if it did not end its last line)."""
+    why = " ".join(result.feedback.split())[:200]
+    lines = [ln for ln in render_prompt(task).splitlines() if ln.lstrip().startswith(f"def {task.entry_point}(")]
+    head = "\n" if attempt and not attempt.endswith("\n") else ""
+    return f"{head}# Test failed: {why}\n{lines[-1].strip()}\n"
+
+def render_episode(task, turns) -> str:
+    """The whole context of an episode as text, at any turn: the prompt, then for each turn the text
+    the model wrote and the feedback that followed it ("" for the last). The sampler (agent.py)
+    feeds the same text as tokens; the pretraining repair transcripts are rendered by this too."""
+    return render_prompt(task) + "".join(text + feedback for text, feedback in turns)
 
 HACK_PATTERNS = {  # suspicious constructs, counted in RL logs (the sandbox scores them 0 anyway)
     "exit": r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|(?<![\w.])(exit|quit)\s*\(",
