@@ -99,6 +99,21 @@ class KVCache:
         self.k = [t.index_select(0, rows) for t in self.k]
         self.v = [t.index_select(0, rows) for t in self.v]
 
+    def fill(self, past, end):
+        """Start from rows' earlier keys/values (past[b]: (n_layer, 2, n_kv_head, n_b, head_dim), as
+        take() returns them), row b's right-aligned to end at column `end` (left of it: masked pads)."""
+        n_layer, _, H, _, D = past[0].shape
+        for i in range(n_layer):
+            self.k[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+            self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+        for b, p in enumerate(past):
+            for i in range(n_layer):
+                self.k[i][b, :, end - p.size(3):end], self.v[i][b, :, end - p.size(3):end] = p[i, 0], p[i, 1]
+        self.pos = end
+
+    def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
+        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]]) for k, v in zip(self.k, self.v)])
+
 
 class Attention(nn.Module):
     def __init__(self, cfg, layer_idx):
@@ -408,7 +423,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
-                 generator=None, return_routes=False) -> list[dict]:
+                 generator=None, return_routes=False, past=None, return_past=False) -> list[dict]:
         """Sample a continuation for each prompt, all in one batch. prompts: lists of token ids (any
         lengths), or a (B, T) integer tensor of B prompts (as nanoGPT's generate takes).
 
@@ -422,39 +437,54 @@ class GPT(nn.Module):
         a few tensor ops into preallocated (rows, max_new_tokens) buffers, with no Python loop over
         rows, so its cost does not grow with the batch.
 
-        Returns per prompt {"tokens", "logprobs"[, "routes"]}: logprobs under softmax(logits / T)
-        before top-k/top-p (T = 0: greedy, plain softmax); routes (n_moe_layers, L - 1, top_k) are the
-        experts of every token fed to the model (prompt + tokens[:-1]), for router replay."""
+        Multi-turn episodes (agent.py) continue rows instead of re-reading them: return_past=True
+        adds "past" to each output, the keys/values of every token the row fed (its past, prompt and
+        tokens[:-1]); given back as `past` (one per prompt) with the next turn's tokens as prompts,
+        each row's cache starts from its past (right-aligned before the prompt, pads between are
+        masked) and only the new tokens are prefilled.
+
+        Returns per prompt {"tokens", "logprobs"[, "routes"][, "past"]}: logprobs under
+        softmax(logits / T) before top-k/top-p (T = 0: greedy, plain softmax); routes (n_moe_layers,
+        L - 1, top_k) are the experts of every token this call fed (prompt + tokens[:-1]), for router
+        replay."""
         prompts = as_prompt_lists(prompts)
         dev, nl, k = self.lm_head.weight.device, self.n_moe_layers, self.config.top_k
+        if past is not None and len(past) != len(prompts):
+            raise ValueError(f"generate: {len(past)} pasts for {len(prompts)} prompts")
         if not prompts or max_new_tokens <= 0:
             return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=torch.long)}
                                                        if return_routes else {})} for _ in prompts]
         if min(len(p) for p in prompts) == 0:
             raise ValueError("empty prompt")
-        uniq = {}
-        which = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
-        lens = torch.tensor([len(p) for p in uniq], device=dev)
-        L = int(lens.max())
-        col = torch.arange(L, device=dev)[None]
-        start = (L - lens)[:, None]
+        uniq = {}   # a row with a past of its own is never merged with another
+        which = [uniq.setdefault(i if past is not None else tuple(p), len(uniq)) for i, p in enumerate(prompts)]
+        first = {w: b for b, w in reversed(list(enumerate(which)))}
+        lens = torch.tensor([len(prompts[first[w]]) for w in range(len(uniq))], device=dev)
+        n_past = torch.tensor([past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))], device=dev)
+        A, L = int(n_past.max()), int(lens.max())     # cache columns: [pads, past] [pads, prompt] [new tokens]
+        col = torch.arange(A + L, device=dev)[None]
+        start = (A + L - lens)[:, None]
         idx = torch.zeros(len(uniq), L, dtype=torch.long, device=dev)   # pad id 0: masked, never seen
-        for i, p in enumerate(uniq):
-            idx[i, L - len(p):] = torch.tensor(p, device=dev)
-        padded = bool((lens != L).any())
-        valid = torch.ones(len(uniq), L + max_new_tokens, dtype=torch.bool, device=dev)
-        valid[:, :L] = col >= start
+        for w in range(len(uniq)):
+            idx[w, L - lens[w]:] = torch.tensor(prompts[first[w]], device=dev)
+        valid = torch.ones(len(uniq), A + L + max_new_tokens, dtype=torch.bool, device=dev)
+        valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
+        padded = not bool(valid.all())
+        cache = KVCache(self.config.n_layer, A + L + max_new_tokens)
         mask = None
-        if padded:   # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
-            mask = (col.T >= col) & valid[:, None, None, :L] | torch.eye(L, dtype=torch.bool, device=dev)
-        cache = KVCache(self.config.n_layer, L + max_new_tokens)
-        logits = self.lm_head(self.trunk(idx, (col - start).clamp_min(0), cache, mask)[:, -1]).float()
+        if A:
+            cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
+        if padded or A:   # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
+            q = col[:, A:].T
+            mask = (col <= q) & valid[:, None, None, :A + L] | (col == q)
+        pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
+        logits = self.lm_head(self.trunk(idx, pos, cache, mask)[:, -1]).float()
         rows = torch.tensor(which, device=dev)
         cache.select(rows)
-        logits, valid, pos = logits[rows], valid[rows], lens[rows].clone()
+        logits, valid, pos = logits[rows], valid[rows], (n_past + lens)[rows]
         # Outputs by original row: token t of row b in column t; routes of the token in cache column c
-        # (left-padded prompt, then generated tokens) in column c. Rows that finished but were not yet
-        # retired keep writing junk past their end; n_out cuts it off.
+        # (left-padded prompt, then generated tokens) in column c - A. Rows that finished but were not
+        # yet retired keep writing junk past their end; n_out cuts it off.
         B = len(prompts)
         tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
         logprobs = torch.zeros(B, max_new_tokens, device=dev)
@@ -465,6 +495,11 @@ class GPT(nn.Module):
         stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
         alive = torch.arange(B, device=dev)                 # original row id of each batch row
         done = torch.zeros(B, dtype=torch.bool, device=dev)
+        pasts = [None] * B
+        def keep_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
+            b = int(alive[j])
+            n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
+            pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
         with cpu_threads(self.decode_threads if dev.type == "cpu" else 0):
             for t in range(max_new_tokens):
                 tok, lp = sample(logits, temperature, top_k, top_p, generator)
@@ -476,6 +511,9 @@ class GPT(nn.Module):
                 if n_done == len(alive) or t == max_new_tokens - 1:
                     break
                 if 8 * n_done >= len(alive):   # retire finished rows
+                    if return_past:
+                        for j in done.nonzero().squeeze(1).tolist():
+                            keep_past(j)
                     keep = (~done).nonzero().squeeze(1)
                     cache.select(keep)
                     tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
@@ -484,12 +522,18 @@ class GPT(nn.Module):
                 pos += 1
                 if return_routes and nl:
                     routes[:, alive, L + t] = torch.stack([m.topi.view(len(alive), k) for m in self.moe_layers()])
+        if return_past:
+            for j in range(len(alive)):
+                keep_past(j)
         out = [{"tokens": tk[:n], "logprobs": lq[:n]}
                for tk, lq, n in zip(tokens.tolist(), logprobs.tolist(), n_out.tolist())]
         if return_routes:
             routes = routes.cpu()
             for b, o in enumerate(out):   # the prompt's own columns (its left pads excluded) + tokens[:-1]
                 o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1]
+        if return_past:
+            for o, p in zip(out, pasts):
+                o["past"] = p
         return out
 
 

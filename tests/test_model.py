@@ -427,3 +427,24 @@ def test_sampled_distribution_matches_full_forward():
         probs = (logits[0, -1] / temp).softmax(-1)
         freq = torch.bincount(drawn, minlength=probs.numel()) / len(drawn)
         assert len(drawn) > 2000 and 0.5 * (freq - probs).abs().sum() < 0.04   # total variation, ~0.01 by chance
+
+
+def test_generate_continues_a_past_like_the_full_prompt():
+    """Multi-turn: a second call given each row's past (return_past) and only the new tokens samples
+    exactly what one call on the whole context would (greedy), with the same log-probs and routes,
+    for rows that stopped at different steps (retired with their past kept) and ones that ran out."""
+    model = tiny()
+    g = torch.Generator().manual_seed(3)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3   # 12 rows: a finished row
+    first = model.generate(prompts, 6, temperature=1.0, stop_ids=[5, 17, 23, 40], generator=g,   # lingers
+                           return_past=True)                    # until 1/8 are done, writing junk
+    assert {len(o["tokens"]) for o in first} != {6}            # some rows stopped early
+    feeds = [[30, 31], [32, 33, 34, 35], [36], [37, 38, 39]] * 3
+    cont = model.generate(feeds, 5, temperature=0, past=[o["past"] for o in first], return_routes=True)
+    for p, o, f, c in zip(prompts, first, feeds, cont):
+        assert o["past"].size(3) == len(p) + len(o["tokens"]) - 1
+        whole = p + o["tokens"][:-1] + f
+        ref = model.generate([whole], 5, temperature=0, return_routes=True)[0]
+        assert c["tokens"] == ref["tokens"] == greedy_by_full_forward(model, whole, 5)
+        assert torch.allclose(torch.tensor(c["logprobs"]), torch.tensor(ref["logprobs"]), atol=1e-5)
+        assert torch.equal(c["routes"], ref["routes"][:, -c["routes"].size(1):])
