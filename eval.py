@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import agent
 import common
 import env
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
@@ -83,17 +84,11 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
     group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
     conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
     (decoded, without end-of-text), completion (text cut by env.extract_completion: what runs),
-    stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (see below), and
+    stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (agent.encode_prompts), and
     routes when requested.
     on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it)."""
     device = next(model.parameters()).device
-    # A prompt longer than the context minus the generation budget keeps its END (the signature
-    # and docstring to continue sit at the end; HumanEval's imports and helpers come first), but
-    # never less than half the context: past seq_len, RoPE positions the model never trained on
-    # cost less than a prompt cut to nothing. Rare with the env tasks; flagged per sample.
-    keep = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
-    full = [tok.encode(env.render_prompt(t)) for t in tasks]
-    prompts = [p[-keep:] for p in full]
+    prompts, truncated = agent.encode_prompts(model, tok, tasks, max_new_tokens)
     rows = [i for i in range(len(tasks)) for _ in range(n)]
     out, was_training = [], model.training
     model.eval()
@@ -106,20 +101,7 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
                                       temperature=temperature, top_k=top_k, top_p=top_p,
                                       stop_ids=[tok.eot_id], generator=generator,
                                       return_routes=return_routes)
-            batch = []
-            for i, g in zip(idx, gens):
-                toks = list(g["tokens"])
-                stopped = bool(toks) and toks[-1] == tok.eot_id
-                # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no
-                # text: they are dropped from the decoded text, not an error
-                text = tok.decode([t for t in toks if t < tok.eot_id])
-                d = {"task_idx": i, "prompt_ids": prompts[i], "tokens": toks,
-                     "logprobs": list(g["logprobs"]), "text": text,
-                     "completion": env.extract_completion(text), "stopped": stopped,
-                     "prompt_truncated": len(full[i]) > keep}
-                if return_routes:
-                    d["routes"] = g["routes"]
-                batch.append(d)
+            batch = [agent.as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
             if on_batch is not None:
                 on_batch(batch)
             out += batch
@@ -192,10 +174,11 @@ def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
 
 def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, max_new_tokens=256,
                    top_p=1.0, top_k=0, batch_size=64, seed=0, n_examples=3, progress=False,
-                   return_records=False):
+                   return_records=False, turns=1):
     """Sample n completions per task (temperature 0 = greedy: n = 1), run them in the sandbox
     pool, and summarize (see summarize()). Deterministic for a given seed. Sandboxing of a batch
-    starts as soon as it is generated, overlapping the next batch's generation."""
+    starts as soon as it is generated, overlapping the next batch's generation. turns > 1: n
+    episodes per task (agent.run_episodes), scored on their last attempt, plus episode_figures()."""
     if temperature == 0:
         n = 1
     device = next(model.parameters()).device
@@ -204,18 +187,58 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     submit = lambda b: futures.append(pool.submit_batch([tasks[s["task_idx"]] for s in b],
                                                         [s["completion"] for s in b]))
     t0 = time.time()
-    samples = sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
-                                 batch_size=batch_size, generator=gen, top_k=top_k,
-                                 progress=progress, on_batch=submit)
+    if turns > 1:
+        episodes = agent.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens, top_p=top_p,
+                                      top_k=top_k, batch_size=batch_size, generator=gen, progress=progress)
+        # an episode is scored as its last attempt; its length is every token the model wrote
+        samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
+        results = [e["result"] for e in episodes]
+    else:
+        samples = sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
+                                     batch_size=batch_size, generator=gen, top_k=top_k,
+                                     progress=progress, on_batch=submit)
     t1 = time.time()
-    results = [r for f in futures for r in f.result()]
+    if turns == 1:
+        results = [r for f in futures for r in f.result()]
     out = summarize(tasks, samples, results, ks, n_examples)
+    if turns > 1:
+        out["episodes"] = episode_figures(tasks, episodes, turns)
     out.update(n_per_task=n, temperature=temperature, max_new_tokens=max_new_tokens,
                generate_s=t1 - t0, sandbox_wait_s=time.time() - t1)
     if return_records:
         out["records"] = [{"task_id": tasks[s["task_idx"]].task_id, "completion": s["completion"],
                            "passed": bool(r.passed), "outcome": r.outcome, "n_tokens": len(s["tokens"])}
                           for s, r in zip(samples, results)]
+        for rec, e in zip(out["records"], episodes if turns > 1 else []):
+            rec["passed_by_turn"] = [bool(x.passed) for x in e["results"]]
+            rec["feedback"] = [t["feedback"] for t in e["turns"]]
+    return out
+
+
+def episode_figures(tasks, episodes, turns):
+    """Does the model use the feedback, or does it just get more tries? (Olausson et al. 2023, "Is
+    Self-Repair a Silver Bullet for Code Generation?") Overall and per slice: pass@1 after each
+    turn (an episode that ended earlier keeps its last verdict), the repair rate (the share of
+    turn-1 failures that pass in the end) and the baseline of as many tries without feedback:
+    pass@T of the turn-1 attempts, which are plain single-shot samples (needs n >= T per task)."""
+    out = {}
+    for sl in ("", "near", "novel"):
+        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"
+               and e["results"][0].outcome != "sandbox_error" and (not sl or tasks[e["task_idx"]].slice == sl)]
+        if not eps:
+            continue
+        name = f"_{sl}" if sl else ""
+        out[f"pass@1_by_turn{name}"] = [sum(e["results"][min(t, len(e["results"])) - 1].passed for e in eps) / len(eps)
+                                        for t in range(1, turns + 1)]
+        failed = [e for e in eps if not e["results"][0].passed]
+        out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
+        first = defaultdict(lambda: [0, 0])            # task -> [turn-1 attempts, passes]
+        for e in eps:
+            first[e["task_idx"]][0] += 1
+            first[e["task_idx"]][1] += e["results"][0].passed
+        nc = [(n, c) for n, c in first.values() if n >= turns]
+        out[f"pass@{turns}_no_feedback{name}"] = sum(pass_at_k(n, c, turns) for n, c in nc) / len(nc) if nc else None
+    out["turns_mean"] = sum(len(e["turns"]) for e in episodes) / max(len(episodes), 1)
     return out
 
 
@@ -307,6 +330,9 @@ def flat_figures(r):
                 if "pass@1" in d:
                     f[f"{part}/{group.removeprefix('by_')}={name}/pass@1"] = d["pass@1"]
         f[f"{part}/mean_len"] = e["mean_len"]
+        for k, v in e.get("episodes", {}).items():      # --turns: one row per turn of each curve
+            for t, x in enumerate(v if isinstance(v, list) else [v], 1):
+                f[f"{part}/{k}" + (f"[turn {t}]" if isinstance(v, list) else "")] = x
         for o, c in e["outcomes"].items():
             f[f"{part}/outcome/{o}"] = c / max(1, e["n_samples"])
     if "bits_per_byte" in r:
@@ -357,7 +383,7 @@ def evaluate_checkpoints(args):
     for p in args.ckpt:                   # fail before minutes of work, not after
         if not os.path.isfile(p):
             common.die(f"no checkpoint at {p!r}")
-    for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens"):
+    for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens", "turns"):
         if getattr(args, name) < 1:
             common.die(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
@@ -376,7 +402,7 @@ def evaluate_checkpoints(args):
     bpb_texts = None if args.no_bpb else heldout_code_texts()
     gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
-                  n_examples=args.n_examples, progress=True, return_records=True)
+                  n_examples=args.n_examples, progress=True, return_records=True, turns=args.turns)
     report, records = {}, {}
     with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
         for label, path in zip(labels, args.ckpt):
@@ -434,7 +460,11 @@ def evaluate_checkpoints(args):
         f.write("\n".join(md))
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
         json.dump({"settings": settings, "checkpoints": report, "figures": figs}, f, indent=1)
-    common.print_summary({"out_dir": args.out_dir, "labels": labels, "checkpoints": figs})
+    summary = {"out_dir": args.out_dir, "labels": labels, "checkpoints": figs}
+    if args.turns > 1:    # the self-repair curve and its no-feedback baseline, per checkpoint (held-out test)
+        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", "repair_rate"):
+            summary[key] = {label: r["test"]["episodes"].get(key) for label, r in report.items()}
+    common.print_summary(summary)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,7 +543,9 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
-    p.add_argument("--max-new-tokens", type=int, help="generation budget per sample")
+    p.add_argument("--max-new-tokens", type=int, help="generation budget per sample (per attempt with --turns)")
+    p.add_argument("--turns", type=int, default=1, help="attempts per episode with visible-test feedback between "
+                                                         "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import agent
 import common
 import env
 import eval as evaluation
@@ -142,26 +143,48 @@ def kl_k1(logp, ref_logp, mask):
     return ((logp - ref_logp) * mask).sum(-1)
 
 
+def turns_of(s):
+    """The turns of a sample: an episode's (agent.run_episodes, --turns > 1) or the sample itself."""
+    return s.get("turns") or [s]
+
+
+def n_generated(s):
+    return sum(len(t["tokens"]) for t in turns_of(s))
+
+
+def flatten(s):
+    """A sample or episode -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1], the
+    column whose prediction is each generated token, the generated tokens, their logprobs). Feedback
+    tokens are fed, never targets: the loss covers only what the model wrote, in every turn."""
+    ids, cols, toks, lps = [], [], [], []
+    for t in turns_of(s):
+        start = len(ids) + len(t["prompt_ids"]) - 1
+        ids += t["prompt_ids"] + t["tokens"][:-1]
+        cols += range(start, start + len(t["tokens"]))
+        toks += t["tokens"]
+        lps += t["logprobs"]
+    return ids, cols, toks, lps
+
+
 def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
-    """Sample dicts (eval.sample_completions) -> idx (B, T), targets (B, T) with -1 on prompt and
-    padding (the loss mask: completion tokens only), old logprobs (B, T), routes
-    (n_moe_layers, B, T, top_k) or None, valid (B, T) bool (real tokens, not padding: the MoE counts
-    only those as expert load). idx = prompt + tokens[:-1], right-padded."""
-    seqs = [s["prompt_ids"] + s["tokens"] for s in samples]
-    B, T = len(samples), max(len(x) for x in seqs) - 1
+    """Sample dicts (eval.sample_completions) or episodes (agent.run_episodes) -> idx (B, T), targets
+    (B, T) with -1 on prompt, feedback and padding (the loss mask: generated tokens only), old
+    logprobs (B, T), routes (n_moe_layers, B, T, top_k) or None, valid (B, T) bool (real tokens, not
+    padding: the MoE counts only those as expert load). idx = flatten()'s ids, right-padded."""
+    flat = [flatten(s) for s in samples]
+    B, T = len(samples), max(len(f[0]) for f in flat)
     idx = torch.full((B, T), pad_id, dtype=torch.long)
     tgt = torch.full((B, T), -1, dtype=torch.long)
     old = torch.zeros(B, T)
     valid = torch.zeros(B, T, dtype=torch.bool)
     routes = torch.zeros(n_moe_layers, B, T, top_k, dtype=torch.long) if with_routes else None
-    for i, (s, seq) in enumerate(zip(samples, seqs)):
-        L, P = len(seq) - 1, len(s["prompt_ids"])
-        idx[i, :L] = torch.tensor(seq[:-1])
-        tgt[i, P - 1:L] = torch.tensor(s["tokens"])
-        old[i, P - 1:L] = torch.tensor(s["logprobs"])
-        valid[i, :L] = True
+    for i, (s, (ids, cols, toks, lps)) in enumerate(zip(samples, flat)):
+        idx[i, :len(ids)] = torch.tensor(ids)
+        tgt[i, cols] = torch.tensor(toks)
+        old[i, cols] = torch.tensor(lps)
+        valid[i, :len(ids)] = True
         if with_routes:   # padding keeps expert 0: it is computed but, not being valid, never counted
-            routes[:, i, :L] = s["routes"]
+            routes[:, i, :len(ids)] = torch.cat([t["routes"] for t in turns_of(s)], 1)
     return idx, tgt, old, routes, valid
 
 
@@ -219,6 +242,8 @@ g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
                     "RNG per task (seed, stream index), so samples do not depend on the rank layout")
 g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all)")
+g.add_argument("--turns", type=int, default=1, help="attempts per episode: after a failed visible example the model "
+                                                     "reads the feedback and tries again (agent.py); 1 = single-shot")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true", help="reward = fraction of tests passed (default: 1 if all pass)")
@@ -416,6 +441,12 @@ def rollout(ctx, tasks, keys, seed, stats):
     kw = dict(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
               top_p=args.top_p, batch_size=args.gen_batch, return_routes=ctx.replay)
     make_gen = lambda x: torch.Generator(device=ctx.device).manual_seed((args.seed * 1_000_003 + x) % 2**62)
+    if args.turns > 1:                     # multi-turn episodes: one sample = one episode (agent.py)
+        samples = agent.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
+                                     generator=make_gen(seed), fractional=args.fractional, **kw)
+        results = [e["result"] for e in samples]
+        stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
+        return samples, results
     if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
         samples = []
         for i, (task, key) in enumerate(zip(tasks, keys)):
@@ -454,11 +485,13 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     samples, results = rollout(ctx, tasks, keys, seed, stats)
     for s, r in zip(samples, results):
         stats[f"outcome/{r.outcome}"] += 1
-        stats["len_sum"] += len(s["tokens"])
+        stats["len_sum"] += n_generated(s)
         stats["len_n"] += 1
-        stats["len_max"] = max(stats["len_max"], len(s["tokens"]))
-        for k, v in env.hack_counts(s["completion"]).items():
-            stats[f"hack/{k}"] += v
+        stats["len_max"] = max(stats["len_max"], n_generated(s))
+        stats["turns_sum"] += len(turns_of(s))
+        for t in turns_of(s):
+            for k, v in env.hack_counts(t["completion"]).items():
+                stats[f"hack/{k}"] += v
     # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
     scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
     if not scored:
@@ -466,7 +499,8 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     rewards = correct.clone()
     if args.len_penalty:
-        rewards -= args.len_penalty * length_cost([len(s["tokens"]) for s, _ in scored], args.len_k, args.len_q)
+        # every token the model wrote in the episode: solving in fewer, shorter turns earns more
+        rewards -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
     if ctx.ref is not None:                      # k1 KL to the reference, folded into the reward
         kl = ref_kl(ctx, [s for s, _ in scored])
         stats["kl_ref_sum"] += kl.sum().item()
@@ -482,12 +516,12 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     stats["reward_sum"] += rewards.sum().item()
     stats["groups"] += len(set(ids))
     stats["zero_var_groups"] += len(set(ids)) - len({t for t, k in zip(ids, keep.tolist()) if k})
-    groups = {}
+    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
     for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
         if k:   # only what training needs (queued groups go into the checkpoint)
-            groups.setdefault(s["task_idx"], []).append(
-                {"prompt_ids": s["prompt_ids"], "tokens": s["tokens"], "logprobs": s["logprobs"],
-                 "routes": s.get("routes"), "adv": a})
+            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
+                {x: s.get(x) for x in needed}
+            groups.setdefault(s["task_idx"], []).append({**part, "adv": a})
     return [groups[t] for t in sorted(groups)]
 
 
@@ -521,8 +555,8 @@ def global_counts(ctx, train):
     """(sequences, completion tokens, positions (prompt + completion), micro-batches): the first three
     summed over ranks (the loss denominators are global), the last the max over ranks (every rank runs
     as many forwards)."""
-    c = torch.tensor([len(train), sum(len(s["tokens"]) for s in train),
-                      sum(len(s["prompt_ids"]) + len(s["tokens"]) - 1 for s in train)], dtype=torch.float64)
+    c = torch.tensor([len(train), sum(n_generated(s) for s in train),
+                      sum(len(flatten(s)[0]) for s in train)], dtype=torch.float64)
     n_mb = torch.tensor(-(-len(train) // ctx.args.micro_batch))
     if ctx.ddp:
         dist.all_reduce(c)
@@ -549,7 +583,7 @@ def micro_batch_loss(ctx, mb, norm, stats, epoch):
         logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
                                        args.temperature, valid)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
-    w = token_weights(mask, args.loss_norm, args.max_new_tokens, norm[0], norm[1])
+    w = token_weights(mask, args.loss_norm, args.max_new_tokens * args.turns, norm[0], norm[1])
     loss = (tok_loss * w).sum()
     # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
     # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
@@ -584,7 +618,7 @@ def update_policy(ctx, batch, step, stats):
     never binds, except on queued groups). Every rank takes part, with or without groups of its own."""
     args, t0 = ctx.args, time.time()
     # sorted by length so a micro-batch pads little (the summed gradient does not care about order)
-    train = sorted((s for group in batch for s in group), key=lambda s: len(s["prompt_ids"]) + len(s["tokens"]))
+    train = sorted((s for group in batch for s in group), key=lambda s: len(flatten(s)[0]))
     n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, train)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
     norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
@@ -637,7 +671,7 @@ def new_stats(args):
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
-             "queued_groups", "len_sum", "len_n", "canary_passes", "canary_samples", "gen_s", "sandbox_s", "train_s"]
+             "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s", "sandbox_s", "train_s"]
     return Counter(dict.fromkeys(keys, 0))
 
 
@@ -667,7 +701,8 @@ def record(ctx, step, stats, pbar):
            "logp_mismatch": s["mismatch_e0"] / ntok, "clip_frac": s["clip_e0"] / ntok,
            "grad_norm": stats["grad_norm"], "canary_passes": s["canary_passes"],
            "canary_samples": s["canary_samples"], "gen_s": s["gen_s"], "sandbox_s": s["sandbox_s"],
-           "train_s": s["train_s"], "rounds": s["rounds"], "queued_groups": s["queued_groups"]}
+           "train_s": s["train_s"], "rounds": s["rounds"], "queued_groups": s["queued_groups"],
+           "turns_mean": s["turns_sum"] / max(s["len_n"], 1)}
     if args.ppo_epochs > 1:
         rec.update(kl_old_last=s[f"kl_old_e{last}"] / max(s[f"tokens_e{last}"], 1),
                    clip_frac_last=s[f"clip_e{last}"] / max(s[f"tokens_e{last}"], 1))
@@ -712,7 +747,8 @@ def held_out(ctx, tag, at):
     mine = ctx.test_tasks[ctx.rank::ctx.world]
     r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
                                   temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True)
+                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
+                                  turns=args.turns)
     per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
     for rec in r["records"]:
         if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
@@ -722,8 +758,12 @@ def held_out(ctx, tag, at):
     # the same names in the same order on every rank (a rank may have no task of a slice), so the
     # all-reduce adds like to like
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
-    v = torch.tensor([x for n in names for x in sums.get(n, (0.0, 0))] + [sum(x["n_tokens"] for x in r["records"]),
-                                                           len(r["records"])], dtype=torch.float64)
+    values = [x for n in names for x in sums.get(n, (0.0, 0))]
+    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
+    for t in range(1, args.turns if args.turns > 1 else 0):   # the self-repair curve: pass@1 after turn t
+        names.append(f"pass@1_turn{t}")                       # (a mean over episodes; the last turn is pass@1)
+        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
+    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
     if ctx.ddp:
         dist.all_reduce(v)
     out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
@@ -766,6 +806,10 @@ def summarize_run(ctx):
         for sl in ("", "_near", "_novel"):
             for when in ("before", "after"):
                 out[f"{metric}{sl}_{when}"] = evals.get(when, {}).get(metric + sl)
+    if args.turns > 1:
+        for when in ("before", "after"):
+            e = evals.get(when, {})
+            out[f"pass@1_by_turn_{when}"] = [e.get(f"pass@1_turn{t}") for t in range(1, args.turns)] + [e.get("pass@1")]
     return {**out, "eval_seed": args.eval_seed, "steps": ctx.state["step"],
             "wall_s": round(time.time() - ctx.t_start, 1),
             "time_split": {x: round(y, 1) for x, y in ctx.state["totals"].items()},

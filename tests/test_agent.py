@@ -1,0 +1,135 @@
+"""Multi-turn episodes (agent.py, env.py's episode text, train_rl.py / eval.py --turns), on a tiny
+random model and the real sandbox: timeout 300 python -m pytest tests/test_agent.py -q -x"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import agent  # noqa: E402
+import common  # noqa: E402
+import env  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from tasks import Task, generate_tasks, load_humaneval  # noqa: E402
+from tokenizer import train_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random model with a context long enough for several turns, its tokenizer, its checkpoint."""
+    texts = [env.corpus_text(t) for t in generate_tasks("train", 300, seed=0)]
+    tok = train_tokenizer(texts, 400)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=640, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                          n_expert=4, top_k=2, expert_hidden=32, n_dense_layers=1))
+    with torch.no_grad():   # a loud end-of-text row: attempts end after a few tokens
+        model.lm_head.weight[tok.eot_id] *= 20
+    path = str(tmp_path_factory.mktemp("agent") / "tiny.pt")
+    common.save_checkpoint(path, model, tok)
+    return model.eval(), tok, path
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
+        yield p
+
+
+def test_visible_tests_are_the_docstring_examples():
+    for t in generate_tasks("test", 200, seed=3) + generate_tasks("train", 200, seed=3):
+        cases = env.visible_tests(t)
+        k = t.prompt.count(">>> ")
+        assert k >= 1 and cases == list(zip(t.inputs[:k], t.outputs[:k])), t.task_id
+        v = env.visible_task(t)
+        assert v.inputs == t.inputs[:k] and v.outputs == t.outputs[:k] and v.prompt == t.prompt
+    he = {t.task_id: t for t in load_humaneval()}
+    assert env.visible_tests(he["HumanEval/0"]) == [([[1.0, 2.0, 3.0], 0.5], False), ([[1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3], True)]
+    assert env.visible_task(Task("x", 'def f(a):\n    """Add one."""\n', "f")) is None
+
+
+def test_feedback_shows_only_visible_examples(pool):
+    """A wrong body's feedback names a failing docstring example, never a hidden input or answer."""
+    ts = [t for t in generate_tasks("test", 40, seed=5) if t.outputs[0] != t.inputs[0][0]][:20]
+    wrong = "    return " + "{}\n"
+    for t, r in zip(ts, pool.run_batch([env.visible_task(t) for t in ts], [wrong] * len(ts))):
+        assert not r.passed
+        fb = env.render_feedback(t, r, wrong)
+        k = t.prompt.count(">>> ")
+        assert fb.startswith("# Test failed: ") and fb.endswith(t.prompt.splitlines()[0] + "\n")
+        calls = [f"{t.entry_point}({', '.join(map(repr, a))})" for a in t.inputs]
+        assert any(c in fb for c in calls[:k])
+        assert not any(c in fb for c in calls[k:] if c not in calls[:k])
+    assert env.render_feedback(ts[0], r, "    return 1").startswith("\n# Test failed")   # a line of its own
+
+
+def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
+    """Every episode's tokens are env.render_episode's text, turns continue only after a failed
+    visible example, and the hidden tests judged every attempt."""
+    model, tok, _ = tiny
+    ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
+    eps = agent.run_episodes(model, tok, ts, 3, 3, pool, temperature=1.0, max_new_tokens=12, batch_size=8,
+                             generator=torch.Generator().manual_seed(0))
+    assert [e["task_idx"] for e in eps] == [i for i in range(6) for _ in range(3)]
+    assert max(len(e["turns"]) for e in eps) == 3                         # a random model fails and retries
+    for e in eps:
+        t = ts[e["task_idx"]]
+        text = tok.decode([i for i in agent.context_ids(e) if i < tok.eot_id])
+        assert text == env.render_episode(t, [(x["text"], x["feedback"]) for x in e["turns"]])
+        assert len(e["results"]) == len(e["turns"]) and e["result"] is e["results"][-1]
+        assert all(x["feedback"] for x in e["turns"][:-1]) and not e["turns"][-1]["feedback"]
+        for x, r in zip(e["turns"], e["results"]):
+            assert r.outcome == pool.run_batch([t], [x["completion"]])[0].outcome
+    # one turn is exactly the single-shot sampler (same generator, same batches)
+    one = agent.run_episodes(model, tok, ts, 3, 1, pool, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
+    import eval as evaluation
+    ref = evaluation.sample_completions(model, tok, ts, 3, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
+    assert [e["turns"][0]["tokens"] for e in one] == [s["tokens"] for s in ref]
+
+
+def test_train_rl_turns_trains_on_every_turn(tiny, tmp_path):
+    """--turns 2 end to end: the training forward over the whole episode (feedback tokens fed,
+    not trained) reproduces the sampler's log-probs of every generated token (router replay,
+    on-policy), and the summary carries the self-repair curve before and after."""
+    out = str(tmp_path / "rl")
+    p = subprocess.run([sys.executable, "train_rl.py", "--preset", "smoke", "--device", "cpu", "--init-from", tiny[2],
+                        "--out-dir", out, "--turns", "2", "--len-penalty", "0.05", "--len-k", "0.1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    for when in ("before", "after"):
+        curve = s[f"pass@1_by_turn_{when}"]
+        assert len(curve) == 2 and all(0 <= x <= 1 for x in curve) and curve[1] == s[f"pass@1_{when}"]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [r for r in map(json.loads, f) if "eval" not in r]
+    assert any(r["turns_mean"] > 1 for r in rows)
+    for r in rows:
+        assert r["trained_seqs"] > 0 and r["logp_mismatch"] < 1e-3
+
+
+def test_eval_turns_reports_the_repair_curve_and_its_baseline(tiny, tmp_path):
+    import eval as evaluation
+    evaluation.main(["--preset", "smoke", "--device", "cpu", "--ckpt", tiny[2], "--turns", "2", "--no-humaneval",
+                     "--no-bpb", "--n-samples", "2", "--difficulties", "1-2", "--out-dir", str(tmp_path)])
+    with open(os.path.join(tmp_path, "eval.json")) as f:
+        figs = json.load(f)["figures"][tiny[2]]
+    assert 0 <= figs["test/pass@1_by_turn[turn 1]"] <= figs["test/pass@1_by_turn[turn 2]"] <= 1
+    assert "test/pass@2_no_feedback" in figs and "test/repair_rate" in figs
+
+
+def test_agent_command(tiny, tmp_path):
+    prompt = tmp_path / "f.py"
+    prompt.write_text('def add_two(x):\n    """Add two.\n    >>> add_two(1)\n    3\n    """\n')
+    p = subprocess.run([sys.executable, "agent.py", "--preset", "smoke", "--ckpt", tiny[2], "--prompt-file", str(prompt)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    assert s["task_id"] == "user/0" and 1 <= s["turns"] <= 2 and len(s["outcomes"]) == s["turns"]
+    assert "# --- attempt 1" in p.stdout and "# --- verdict after" in p.stdout
+    prompt.write_text('def add_two(x):\n    """Add two."""\n')
+    p = subprocess.run([sys.executable, "agent.py", "--ckpt", tiny[2], "--prompt-file", str(prompt)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error:") and len(p.stderr.strip().splitlines()) == 1
