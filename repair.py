@@ -163,8 +163,9 @@ def mutants(solution: str, rng) -> list[str]:
         rng.shuffle(by_kind[-1])
     rng.shuffle(by_kind)
     out = []
-    for group in itertools.zip_longest(*by_kind):
-        out += [m[len(head):] for m in group if m is not None and m[len(head):] not in out]
+    for m in itertools.chain(*itertools.zip_longest(*by_kind)):
+        if m is not None and m[len(head):] not in out:     # two kinds can make the same text (xs[2:])
+            out.append(m[len(head):])
     return out
 
 
