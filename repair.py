@@ -14,6 +14,7 @@ Stdlib + env + tasks only (no torch): train_pretrain.py builds its tasks source 
 import argparse
 import ast
 import collections
+import copy
 import dataclasses
 import itertools
 import json
@@ -47,7 +48,7 @@ def _plus(e, d):
 
 def _operator(n):        # a + b -> a - b, a * b -> a + b, a // b -> a % b, total += x -> total -= x
     if isinstance(n, (ast.BinOp, ast.AugAssign)) and type(n.op) in _BINOPS:
-        new = ast.BinOp(n.left, None, n.right) if isinstance(n, ast.BinOp) else ast.AugAssign(n.target, None, n.value)
+        new = copy.copy(n)                         # shallow: the operands stay, the operator changes
         new.op = _BINOPS[type(n.op)]()
         return new
 
