@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 import common
 import env
+import repair
 import tasks
 from model import GPT, GPTConfig, MoE, upcycle
 import tokenizer
@@ -55,23 +56,24 @@ from tokenizer import Tokenizer, train_tokenizer
 ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
         "expert_hidden", "n_dense_layers", "balance")
 PRESETS = {
-    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, holdout_n=200,
+    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.25, holdout_n=200,
                   mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_expert=4,
                   top_k=2, n_shared_expert=1, expert_hidden=64, n_dense_layers=1, balance="bias",
                   seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
                   log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
     # cpu: measured on the shared 2-core box (1 thread, ~6k tok/s): ~10 min, held-out pass@1 ~0.3
     # with pass@8 well above it (fewer steps: less, more: ~0.5 at 4.9M tokens), room for RL.
-    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, holdout_n=1000,
+    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.25, holdout_n=1000,
                 mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8,
                 top_k=2, n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias",
-                seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=900, warmup_steps=50, lr=3e-3,
+                seq_len=512, micro_batch=8, batch_tokens=4096, max_steps=900, warmup_steps=50, lr=3e-3,
                 log_every=10, eval_every=300, val_tokens=32768, sample_every=300, sample_tokens=96,
                 ckpt_every=300),
     # gpu: ~74M active / 256M total, ~650M tokens; on one H100 (~15-30% MFU) ~25-45 min of steps
     # plus data prep and evals. The built-in corpus is small (stdlib ~3.5M tokens, repeated), so
     # the generated tasks carry most of it; add --data for real code.
-    "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, holdout_n=1000,
+    "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.25,
+                holdout_n=1000,
                 mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
                 top_k=2, n_shared_expert=1, expert_hidden=512, n_dense_layers=1, balance="bias",
                 seq_len=1024, micro_batch=32, batch_tokens=131072, max_steps=5000, warmup_steps=200,
@@ -89,6 +91,8 @@ a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built
 a("--data-ext", default=".py", help="comma list of file extensions read from --data directories")
 a("--text-field", default="text", help="JSON field holding the document in --data JSONL files")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
+a("--repair-frac", type=float, help="fraction of those tasks that also get a repair transcript (repair.py: a "
+  "wrong body, the sandbox's feedback, the fix); 0 = none")
 a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
 a("--max-file-kb", type=float, default=1024, help="skip (and count) files/documents larger than this")
 a("--val-frac", type=float, default=0.02, help="fraction of documents (by content hash) held out for validation")
@@ -169,6 +173,8 @@ if resume or args.init_from:
         args.seq_len = init.config.seq_len
 if args.upcycle and not args.init_from:
     common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
+if not 0 <= args.repair_frac <= 1:
+    common.die(f"--repair-frac must be between 0 and 1, got {args.repair_frac}")
 user_data = {}
 for spec in args.data:       # unnamed sources: data, data2, data3, ...
     unnamed = sum(n == "data" or re.fullmatch(r"data\d+", n) is not None for n in user_data)
@@ -241,11 +247,22 @@ def read_jsonl(path, skipped):
             yield text
 
 
+def task_docs(train, chunk=256):
+    """The solved tasks, and after each chunk of them their repair transcripts (--repair-frac), so the
+    --source-mb cap keeps both. Lazy: chunks past the cap never reach the sandbox, and the pool closes
+    when the caller drops the generator."""
+    with env.SandboxPool(timeout_s=1.0) if args.repair_frac > 0 else nullcontext() as pool:
+        for i in range(0, len(train), chunk):
+            yield from map(env.corpus_text, train[i:i + chunk])
+            if pool is not None:
+                yield from repair.repair_docs(train[i:i + chunk], pool, seed=args.seed, frac=args.repair_frac)
+
+
 def load_source(name, skipped):
     if name == "stdlib":   # the running interpreter's stdlib (eval.py's held-out stdlib reads the same files)
         docs = common.stdlib_docs(skipped, args.max_file_kb)
     elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
-        docs = map(env.corpus_text, tasks.generate_tasks("train", args.tasks_n, seed=args.seed))
+        docs = task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed))
     elif os.path.isdir(user_data[name]):
         exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
         docs = common.read_text_files(user_data[name], exts, skipped, max_kb=args.max_file_kb)
