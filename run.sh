@@ -7,21 +7,23 @@
 # Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (<= 30 min on 2 cores)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
+#         TURNS=3 bash run.sh      # multi-turn episodes: RL and eval with up to 3 attempts and test feedback
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
 source experiments/lib.sh   # run_stage, json_get
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
 OUT=${OUT:-runs/$PRESET}
+TURNS=${TURNS:-1}
 mkdir -p "$OUT"
 echo "preset: $PRESET   run directory: $OUT"
 
 run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
-run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl"
+run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl" --turns "$TURNS"
 RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
 run_stage eval python eval.py --preset "$PRESET" --ckpt "$PRE_CKPT" --ckpt "$RL_CKPT" \
-  --label pretrained --label rl --out-dir "$OUT/eval"
+  --label pretrained --label rl --out-dir "$OUT/eval" --turns "$TURNS"
 run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 
 echo

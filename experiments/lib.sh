@@ -1,9 +1,13 @@
 # Shared by run.sh and experiments/*.sh (source it): one way to run a stage and keep its summary.
 # run_stage NAME CMD...: runs CMD, keeps its log in $OUT/NAME.log, stops the whole script with the stage's
 # last lines if it fails, and leaves the stage's final JSON summary line in $OUT/NAME.json.
+# RESUME=1: a stage whose summary is already in $OUT is not run again (a long experiment picks up where it stopped).
 run_stage() {
   local name=$1; shift
   local start=$SECONDS
+  if [ "${RESUME:-0}" = 1 ] && [ -s "$OUT/$name.json" ]; then
+    echo; echo "=== stage $name: done before, kept ($OUT/$name.json)"; return 0
+  fi
   echo; echo "=== stage $name: $*"
   if ! "$@" 2>&1 | tee "$OUT/$name.log"; then
     echo; echo "!!! stage $name failed after $((SECONDS - start)) s; its last lines:" >&2

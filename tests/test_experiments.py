@@ -55,3 +55,18 @@ def test_rl_ablation_over_seeds(name, runs, dense_vs_moe, tmp_path):
     assert runs <= set(rows)
     assert any("(mean of 2)" in r for r in rows)      # seed noise is shown next to the effect
     assert is_png(tmp_path / "rl.png")
+
+
+def test_run_stage_resume_keeps_finished_stages(tmp_path):
+    """RESUME=1 skips a stage whose summary exists (and only then); a failing stage stops the script."""
+    (tmp_path / "done.json").write_text('{"x": 1}\n')
+    script = ('set -euo pipefail; source experiments/lib.sh; run_stage done python -c "print(\'{\\"x\\": 2}\')"; '
+              'run_stage new python -c "print(\'{\\"y\\": 3}\')"; run_stage bad false; echo unreachable')
+    run = lambda resume: subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                        env=dict(os.environ, OUT=str(tmp_path), RESUME=resume))
+    p = run("1")
+    assert p.returncode == 1 and "unreachable" not in p.stdout and "stage bad failed" in p.stderr
+    assert json.loads((tmp_path / "done.json").read_text()) == {"x": 1}      # kept, not re-run
+    assert json.loads((tmp_path / "new.json").read_text()) == {"y": 3}
+    run("0")
+    assert json.loads((tmp_path / "done.json").read_text()) == {"x": 2}      # without RESUME: run again
