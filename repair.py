@@ -23,6 +23,7 @@ import time
 
 import env
 import tasks
+import world
 
 # ----------------------------------------------------------------------------- mutants
 # Each rewrite takes an AST node and returns its wrong twin, or None where it does not apply. They
@@ -173,12 +174,18 @@ def mutants(solution: str, rng) -> list[str]:
 # ----------------------------------------------------------------------------- transcripts
 
 def _usable(task, wrong):
-    """A wrong attempt that is not itself a held-out function: a mutant of a train function can be
-    a test-split one (add_5 -> add_6), and its text must not reach training even as a wrong answer."""
+    """A wrong attempt that cannot be a held-out function: a mutant of a train function can be a test
+    one (add_5 -> add_6, x * 5 -> x + 5), and its text must not reach training even as a wrong answer.
+    Refused: a template function that split_of sends to test, any function of a held-out template,
+    and any body world.py could write (every line one of world.body_lines()): the world splits by
+    program, which a mutant's text does not give, so no world function is trusted."""
+    if {ln.strip() for ln in wrong.splitlines() if ln.strip()} <= world.body_lines():
+        return False
     try:
-        return tasks.split_of(tasks.function_identity(dataclasses.replace(task, solution=wrong)))[0] == "train"
+        identity = tasks.function_identity(dataclasses.replace(task, solution=wrong))
     except ValueError:
         return False
+    return tasks.split_of(identity)[0] == "train" and identity not in tasks.novel_identities()
 
 
 def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:

@@ -612,7 +612,7 @@ assert len({(v.family, v.name) for v in _VARIANTS}) == len(_VARIANTS), "variant 
 # under other names (or from another template: mod_10 is last_digit) can never sit in both splits.
 NEAR_PERCENT = 20      # share of the identities of a many-constant template that only test holds
 _WHOLE_BELOW = 8       # templates with fewer constant settings are trained whole (see split_of)
-_CACHE = {}            # lazily built sets of identities: "whole", "reserved"
+_CACHE = {}            # lazily built sets of identities: "whole", "reserved", "novel"
 _IDENTITIES = {}       # (family, name, constants) -> identity
 _FUNCTIONS = {}        # (family, name, constants) -> compiled reference function
 
@@ -679,6 +679,13 @@ def split_of(identity: str, novel: bool = False) -> tuple[str, str]:
     if identity in _whole() or _percent(identity) >= NEAR_PERCENT:
         return "train", ""
     return "test", "near"
+
+
+def novel_identities() -> set:
+    """Every function of the held-out (novel) templates, with every constant setting."""
+    if "novel" not in _CACHE:
+        _CACHE["novel"] = {_identity(v, p) for v in _VARIANTS if v.novel for p in _all_params(v)}
+    return _CACHE["novel"]
 
 
 def _variant(family, name):

@@ -114,3 +114,19 @@ def test_bad_repair_frac_is_one_line_error(tmp_path):
     _, p = run(tmp_path, tmp_path / "cache", "--repair-frac", "1.5", expect=2, timeout=60)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --repair-frac"), p.stderr
+
+
+def test_no_wrong_attempt_is_a_held_out_function():
+    """A mutant of a train function can be a test function (values[2:] -> values[3:], x * 5 -> x + 5);
+    none of the wrong attempts repair_docs may use is one, checked against the functions of 12,000
+    test tasks (all levels, and levels 1-2 as train_rl.py and eval.py measure)."""
+    from tasks import function_identity
+    held = {function_identity(t) for s in range(2) for lv in (None, [1, 2])
+            for t in generate_tasks("test", 3000, seed=s, difficulties=lv)}
+    tried = leaked = 0
+    for t in generate_tasks("train", 2000, seed=0):
+        for m in repair.mutants(t.solution, random.Random(t.task_id))[:6]:
+            if repair._usable(t, m):
+                tried += 1
+                leaked += function_identity(dataclasses.replace(t, solution=m)) in held
+    assert tried > 2000 and leaked == 0
