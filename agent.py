@@ -48,7 +48,7 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
     reward is the verdict on the last one. Returns per episode {"task_idx", "turns": one sample per
     attempt (as_sample's dict, prompt_ids = the tokens fed that turn, plus "feedback": the
     text appended after it, "" for the last), "results": the hidden-test Result of each attempt,
-    "result": the last one}."""
+    "result": the last one, or the sandbox_error of a visible-example run that failed}."""
     device = next(model.parameters()).device
     prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
     visible = [env.visible_task(t) for t in tasks]
@@ -76,22 +76,24 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                 check = [(j, x) for j, x in zip(live, samples) if more and visible[x["task_idx"]] is not None]
                 seen = pool.run_batch([visible[x["task_idx"]] for _, x in check], [x["completion"] for _, x in check])
                 seen = {j: r for (j, _), r in zip(check, seen)}
-                feeds, pasts = {}, {j: x.pop("past", None) for j, x in zip(live, samples)}
+                old, feeds, pasts = {j: x.pop("past", None) for j, x in zip(live, samples)}, {}, {}
                 for j, x, r in zip(live, samples, hidden.result()):
                     eps[j]["turns"].append(x)
                     eps[j]["results"].append(r)
                     x["feedback"] = ""
                     v = seen.get(j)
+                    if v is not None and v.outcome == "sandbox_error":   # the harness failed, not the model:
+                        eps[j]["lost"] = v                                # the episode is not scored
                     if v is None or v.passed or v.outcome == "sandbox_error":
                         continue
                     fb = env.render_feedback(tasks[x["task_idx"]], v, x["text"])
                     # the cache holds what was fed: prompt + tokens[:-1]; a turn cut by max_new_tokens
                     # feeds its last token now, a turn that ended on end-of-text never feeds that token
                     feed = ([] if x["stopped"] else x["tokens"][-1:]) + tok.encode(fb)
-                    if pasts[j].size(3) + len(feed) + max_new_tokens <= model.config.seq_len:
-                        x["feedback"], feeds[j] = fb, feed
+                    if old[j].size(3) + len(feed) + max_new_tokens <= model.config.seq_len:
+                        x["feedback"], feeds[j], pasts[j] = fb, feed, old[j]
             for e in eps:
-                e["result"] = e["results"][-1]
+                e["result"] = e.pop("lost", e["results"][-1])
             episodes += eps
     finally:
         model.train(was_training)

@@ -339,6 +339,10 @@ def check_args(args, world):
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
     if args.batch_tasks % world:
         common.die(f"--batch-tasks {args.batch_tasks} must be a multiple of the world size {world}")
+    if args.turns < 1:
+        common.die(f"--turns must be >= 1, got {args.turns}")
+    if args.turns > 1 and args.sample_seeding == "task":
+        common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
     if args.group_size < 2:
         common.die("--group-size must be >= 2 (advantages are relative to the group)")
     if args.eval_n < args.eval_k and not args.no_eval:
@@ -434,7 +438,8 @@ def next_tasks(ctx, n):
 
 def rollout(ctx, tasks, keys, seed, stats):
     """G completions per task through the shared harness (eval.sample_completions), each generated
-    batch sandboxed while the next one is generated. Returns (samples, results)."""
+    batch sandboxed while the next one is generated; with --turns > 1, G episodes per task
+    (agent.run_episodes). Returns (samples or episodes, results: the reward-bearing verdicts)."""
     args, futures, t0 = ctx.args, [], time.time()
     submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
                                                             [s["completion"] for s in b], fractional=args.fractional))
@@ -583,7 +588,9 @@ def micro_batch_loss(ctx, mb, norm, stats, epoch):
         logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
                                        args.temperature, valid)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
-    w = token_weights(mask, args.loss_norm, args.max_new_tokens * args.turns, norm[0], norm[1])
+    # the constant stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a
+    # three-turn run, so turns are not confounded with a smaller learning rate
+    w = token_weights(mask, args.loss_norm, args.max_new_tokens, norm[0], norm[1])
     loss = (tok_loss * w).sum()
     # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
     # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
@@ -671,7 +678,8 @@ def new_stats(args):
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
-             "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s", "sandbox_s", "train_s"]
+             "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
+             "sandbox_s", "train_s"]
     return Counter(dict.fromkeys(keys, 0))
 
 
@@ -760,7 +768,7 @@ def held_out(ctx, tag, at):
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
     values = [x for n in names for x in sums.get(n, (0.0, 0))]
     scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns if args.turns > 1 else 0):   # the self-repair curve: pass@1 after turn t
+    for t in range(1, args.turns):                            # the self-repair curve: pass@1 after turn t
         names.append(f"pass@1_turn{t}")                       # (a mean over episodes; the last turn is pass@1)
         values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
     v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)

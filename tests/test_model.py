@@ -448,3 +448,10 @@ def test_generate_continues_a_past_like_the_full_prompt():
         assert c["tokens"] == ref["tokens"] == greedy_by_full_forward(model, whole, 5)
         assert torch.allclose(torch.tensor(c["logprobs"]), torch.tensor(ref["logprobs"]), atol=1e-5)
         assert torch.equal(c["routes"], ref["routes"][:, -c["routes"].size(1):])
+    # a third turn continues the second's past the same way
+    again = model.generate([[41, 42]] * len(prompts), 4, temperature=0,
+                           past=[model.generate(f, 5, temperature=0, past=[o["past"]], return_past=True)[0]["past"]
+                                 for f, o in zip(([f] for f in feeds), first)])
+    for p, o, f, c, a in zip(prompts, first, feeds, cont, again):
+        whole = p + o["tokens"][:-1] + f + c["tokens"][:-1] + [41, 42]
+        assert a["tokens"] == greedy_by_full_forward(model, whole, 4)
