@@ -212,10 +212,22 @@ def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:
     return [found[i] for i in sorted(found)]
 
 
-def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[str]:
+class Transcript(str):
+    """A repair transcript's text, and `wrong`: the (start, end) characters of the wrong attempt.
+    Pretraining reads the wrong attempt as context and never trains on it: the model should learn
+    the fix, not to write a bug after a prompt (a first run that trained on it started RL with twice
+    the token entropy and a quarter of the pass rate; README notes)."""
+    wrong = (0, 0)
+
+
+def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[Transcript]:
     """The repair transcripts of `repairs`: prompt, wrong body, feedback, reference body."""
-    return [env.render_episode(t, [(wrong, env.render_feedback(t, r, wrong)), (t.solution, "")])
-            for t, wrong, r in repairs(tasks, pool, seed, frac)]
+    docs = []
+    for t, wrong, r in repairs(tasks, pool, seed, frac):
+        doc = Transcript(env.render_episode(t, [(wrong, env.render_feedback(t, r, wrong)), (t.solution, "")]))
+        doc.wrong = (len(env.render_prompt(t)), len(env.render_prompt(t)) + len(wrong))
+        docs.append(doc)
+    return docs
 
 
 def main(argv=None):

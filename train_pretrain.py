@@ -297,6 +297,20 @@ def is_heldout(doc, index):
     return "def " in doc and not identities.isdisjoint(tasks.function_identities(doc))
 
 
+def encode_doc(tok, doc):
+    """A repair transcript's ids, its wrong attempt stored as id + vocab_size: context the model reads,
+    never a target (inputs_targets). The cuts sit after newlines, so the ids are those of the whole."""
+    a, b = doc.wrong
+    return tok.encode(doc[:a]) + [i + tok.vocab_size for i in tok.encode(doc[a:b])] + tok.encode(doc[b:])
+
+
+def inputs_targets(xy):
+    """Windows of the token stream (..., T + 1) -> inputs and targets (..., T). An id >= vocab_size
+    (encode_doc) is fed as its token but is no target (-1, ignored by the loss)."""
+    V = tok.vocab_size
+    return xy[..., :-1] % V, torch.where(xy[..., 1:] >= V, -1, xy[..., 1:])
+
+
 def prepare_data(tok):
     """Load, dedupe, filter, split, (train the tokenizer), tokenize into memmapped caches. Rank 0."""
     index, info, splits = heldout_index(), {}, {}
@@ -331,17 +345,19 @@ def prepare_data(tok):
             tok.save(path)
             print(f"tokenizer: {tok.vocab_size} tokens, trained on {sum(map(len, texts)) / 1e6:.1f} MB "
                   f"in {time.time() - t0:.1f}s", file=sys.stderr)
-    dtype = np.uint16 if tok.vocab_size <= 2 ** 16 else np.uint32
+    dtype = np.uint16 if 2 * tok.vocab_size <= 2 ** 16 else np.uint32   # ids + vocab_size: see encode_doc
     paths = {}
     for name, parts in splits.items():
         for split, docs in zip(("train", "val"), parts):
-            key = common.doc_hash(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs]]))[:16]
+            key = common.doc_hash(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs], "context-ids"]))[:16]
             path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
             if os.path.isfile(path):
                 continue
             with common.atomic_open(path, "wb") as f:   # never half a cache
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
-                    for ids in tok.encode_batch([d for _, d in docs[i:i + 512]]):
+                    part = [d for _, d in docs[i:i + 512]]
+                    for d, ids in zip(part, tok.encode_batch(part)):
+                        ids = encode_doc(tok, d) if isinstance(d, repair.Transcript) else ids
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 
@@ -460,15 +476,16 @@ def evaluate():
         n = min(len(arr) - 1, args.val_tokens) // T
         if n <= 0:
             continue
-        xy = torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device)
-        xs, ys = xy[:-1].view(n, T), xy[1:].view(n, T)
+        xs, ys = inputs_targets(torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device))
+        xs, ys = xs.view(n, T), ys.view(n, T)
         s = np.zeros(4)   # nats (all targets), targets, nats (targets with bytes), bytes
         for i in range(0, n, mbs):
             with common.autocast(device):
                 logits, _ = raw(xs[i:i + mbs])
             y = ys[i:i + mbs].reshape(-1)
-            nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y, reduction="none")
-            s += [nll.sum().item(), y.numel(), *common.nats_and_bytes_of(nll, y, token_bytes)]
+            keep = y >= 0
+            nll = F.cross_entropy(logits.float().view(-1, logits.size(-1))[keep], y[keep], reduction="none")
+            s += [nll.sum().item(), nll.numel(), *common.nats_and_bytes_of(nll, y[keep], token_bytes)]
         out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], common.bits_per_byte(s[2], s[3])
         tot += s
     raw.train()
@@ -525,7 +542,7 @@ for step in bar:
     xy = get_batch(step)
     loss_sum = torch.zeros((), device=device)
     for m in range(accum):
-        x, y = xy[m * mbs:(m + 1) * mbs, :-1], xy[m * mbs:(m + 1) * mbs, 1:]
+        x, y = inputs_targets(xy[m * mbs:(m + 1) * mbs])
         with model.no_sync() if ddp and m < accum - 1 else nullcontext():   # all-reduce once per step
             with common.autocast(device):
                 _, loss = model(x, y)

@@ -179,7 +179,7 @@ def test_pretraining_corpus_holds_no_heldout_function(tmp_path):
     tok = Tokenizer.load(out / "tokenizer.json")
     n_docs, leaks = 0, []
     for name, path in s["caches"].items():            # train and val documents of every source
-        ids = np.fromfile(path, dtype=np.uint16)
+        ids = np.fromfile(path, dtype=np.uint16) % tok.vocab_size   # context-only ids carry + vocab_size
         cuts = np.flatnonzero(ids == tok.eot_id)
         for a, b in zip(np.concatenate([[-1], cuts[:-1]]), cuts):
             doc = tok.decode(ids[a + 1:b].tolist())

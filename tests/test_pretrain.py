@@ -40,7 +40,7 @@ def losses(out_dir):
 
 def train_text(summary, tok):
     """Every training token of a run, decoded (documents joined by end-of-text)."""
-    return {k: tok.decode(np.fromfile(p, dtype=np.uint16)) for k, p in summary["caches"].items()
+    return {k: tok.decode(np.fromfile(p, dtype=np.uint16) % tok.vocab_size) for k, p in summary["caches"].items()
             if k.endswith("/train")}
 
 

@@ -4,6 +4,7 @@ import ast
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 
 import env
@@ -102,11 +103,24 @@ def test_tasks_without_examples_are_skipped(train, pool):
 
 
 def test_smoke_corpus_holds_repair_transcripts(tmp_path):
+    """Transcripts are in the corpus, and exactly their wrong attempts are stored as context only
+    (ids + vocab_size: fed, never a target): each such run of ids is a body right after a prompt,
+    followed by the feedback."""
     texts = {}
     for frac in ("0.25", "0"):
         out = tmp_path / frac
         s, _ = run(out, tmp_path / "cache", "--repair-frac", frac, "--max-steps", "1", "--sample-every", "0")
-        texts[frac] = train_text(s, Tokenizer.load(out / "tokenizer.json"))["tasks/train"]
+        tok = Tokenizer.load(out / "tokenizer.json")
+        texts[frac] = train_text(s, tok)["tasks/train"]
+        ids = np.fromfile(s["caches"]["tasks/train"], dtype=np.uint16).astype(np.int64)
+        ctx = ids >= tok.vocab_size
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], ctx.astype(np.int8), [0]])))
+        spans = list(zip(runs[::2], runs[1::2]))
+        assert len(spans) == texts[frac].count("# Test failed:")
+        for a, b in spans[:50]:
+            before, wrong, after = (tok.decode((ids[i:j] % tok.vocab_size).tolist()) for i, j in
+                                    [(max(a - 8, 0), a), (a, b), (b, b + 30)])
+            assert before.endswith('"""\n') and wrong.startswith("    ") and after.startswith("# Test failed:")
     assert texts["0.25"].count("# Test failed:") >= 20 and "# Test failed:" not in texts["0"]
 
 
