@@ -215,8 +215,7 @@ def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:
 class Transcript(str):
     """A repair transcript's text, and `wrong`: the (start, end) characters of the wrong attempt.
     Pretraining reads the wrong attempt as context and never trains on it: the model should learn
-    the fix, not to write a bug after a prompt (a first run that trained on it started RL with twice
-    the token entropy and a quarter of the pass rate; README notes)."""
+    the fix, not to write a bug after a prompt (see the README's notes)."""
     wrong = (0, 0)
 
 
