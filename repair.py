@@ -213,18 +213,20 @@ def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:
 
 
 class Transcript(str):
-    """A repair transcript's text, and `wrong`: the (start, end) characters of the wrong attempt.
-    Pretraining reads the wrong attempt as context and never trains on it: the model should learn
-    the fix, not to write a bug after a prompt (see the README's notes)."""
-    wrong = (0, 0)
+    """A repair transcript's text, and `context`: the (start, end) characters of the wrong attempt
+    and the feedback after it. Pretraining reads them and never trains on them, as RL never trains
+    on feedback: the model should learn the fix, not to write a bug after a prompt nor to write
+    feedback itself after a body (both happened when it trained on them: see the README's notes)."""
+    context = (0, 0)
 
 
 def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[Transcript]:
     """The repair transcripts of `repairs`: prompt, wrong body, feedback, reference body."""
     docs = []
     for t, wrong, r in repairs(tasks, pool, seed, frac):
-        doc = Transcript(env.render_episode(t, [(wrong, env.render_feedback(t, r, wrong)), (t.solution, "")]))
-        doc.wrong = (len(env.render_prompt(t)), len(env.render_prompt(t)) + len(wrong))
+        feedback = env.render_feedback(t, r, wrong)
+        doc = Transcript(env.render_episode(t, [(wrong, feedback), (t.solution, "")]))
+        doc.context = (len(env.render_prompt(t)), len(env.render_prompt(t)) + len(wrong) + len(feedback))
         docs.append(doc)
     return docs
 

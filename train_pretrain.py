@@ -298,9 +298,10 @@ def is_heldout(doc, index):
 
 
 def encode_doc(tok, doc):
-    """A repair transcript's ids, its wrong attempt stored as id + vocab_size: context the model reads,
-    never a target (inputs_targets). The cuts sit after newlines, so the ids are those of the whole."""
-    a, b = doc.wrong
+    """A repair transcript's ids, its wrong attempt and feedback stored as id + vocab_size: context the
+    model reads, never a target (inputs_targets). The cuts sit after newlines, so the ids are those of
+    the whole."""
+    a, b = doc.context
     return tok.encode(doc[:a]) + [i + tok.vocab_size for i in tok.encode(doc[a:b])] + tok.encode(doc[b:])
 
 

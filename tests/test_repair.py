@@ -103,9 +103,9 @@ def test_tasks_without_examples_are_skipped(train, pool):
 
 
 def test_smoke_corpus_holds_repair_transcripts(tmp_path):
-    """Transcripts are in the corpus, and exactly their wrong attempts are stored as context only
-    (ids + vocab_size: fed, never a target): each such run of ids is a body right after a prompt,
-    followed by the feedback."""
+    """Transcripts are in the corpus, and exactly their wrong attempts and feedback are stored as
+    context only (ids + vocab_size: fed, never a target): each such run of ids is a body right after
+    a prompt, then the feedback and the def line, then the fix (trained on)."""
     texts = {}
     for frac in ("0.25", "0"):
         out = tmp_path / frac
@@ -118,9 +118,10 @@ def test_smoke_corpus_holds_repair_transcripts(tmp_path):
         spans = list(zip(runs[::2], runs[1::2]))
         assert len(spans) == texts[frac].count("# Test failed:")
         for a, b in spans[:50]:
-            before, wrong, after = (tok.decode((ids[i:j] % tok.vocab_size).tolist()) for i, j in
-                                    [(max(a - 8, 0), a), (a, b), (b, b + 30)])
-            assert before.endswith('"""\n') and wrong.startswith("    ") and after.startswith("# Test failed:")
+            before, context, after = (tok.decode((ids[i:j] % tok.vocab_size).tolist()) for i, j in
+                                      [(max(a - 8, 0), a), (a, b), (b, b + 4)])
+            assert before.endswith('"""\n') and context.startswith("    ") and after.startswith("    ")
+            assert context.count("\n# Test failed: ") == 1 and context.rstrip().endswith("):")
     assert texts["0.25"].count("# Test failed:") >= 20 and "# Test failed:" not in texts["0"]
 
 
