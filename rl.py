@@ -1,0 +1,178 @@
+"""
+The algorithm of train_rl.py (the RL phase of the Composer 2 recipe, arXiv 2603.24477), as small
+pure functions: tensors and sample dicts in, tensors out; no arguments object, no sandbox, no ranks.
+tests/test_rl.py checks each on hand-made numbers. One step of train_rl.py, in these functions:
+
+    r = correct - W * length_cost(n_generated(s), k, q) - kl_coef * kl_k1(old, ref, mask)
+    adv, has_signal = group_advantages(r, groups, signal_from=correct)   # A = r - group mean
+    idx, tgt, old, routes, valid = collate(samples, pad_id, n_moe_layers, top_k, True)
+    logp, entropy = token_logprobs(model, idx, tgt, routes, temperature, valid)   # router replay
+    tok_loss, clipped = ppo_token_loss(logp, old, adv)              # PPO clip, DAPO's clip-higher
+    loss = (token_weights(mask, "constant", max_new_tokens, n_seqs, n_tokens) * tok_loss).sum()
+
+Rewards: length_cost (Composer 2's concave length penalty), kl_k1 (the k1 KL estimator). Advantages:
+group_stats, group_advantages (Dr. GRPO, Liu et al. 2025; std=True is GRPO, Shao et al. 2024;
+signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_loss (PPO with
+DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
+turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
+feedback is fed, never a target), token_logprobs (the one that runs the model: the policy's
+log-probs of those tokens). Held-out eval: pass_sums (pass@k as sums that combine across ranks).
+"""
+import torch
+import torch.nn.functional as F
+
+import eval as evaluation
+
+
+def length_cost(x, k, q):
+    """Composer 2's length penalty C(x) = ((1 + k x)^(1 - q) - 1) / (k (1 - q)): increasing and, for
+    q > 0, concave (each extra token costs less than the last), so long answers to hard tasks are
+    not crushed while padding easy ones still costs. q -> 1 gives log(1 + k x) / k; q = 0 is linear."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if abs(1 - q) < 1e-9:
+        return torch.log1p(k * x) / k
+    return ((1 + k * x) ** (1 - q) - 1) / (k * (1 - q))
+
+
+def group_stats(r, g):
+    """Per-group size, mean and unbiased variance (as TRL) of values r (N,) with group ids g (N,)."""
+    n = torch.bincount(g).double()
+    mean = torch.zeros_like(n).index_add_(0, g, r) / n.clamp_min(1)
+    var = torch.zeros_like(n).index_add_(0, g, (r - mean[g]) ** 2) / (n - 1).clamp_min(1)
+    return n, mean, var
+
+
+def group_advantages(rewards, groups, std=False, eps=1e-6, signal_from=None):
+    """rewards (N,), groups (N,) group ids (a task's samples; sizes may differ after dropped
+    samples) -> (advantages (N,), has_signal (N,) bool).
+    Dr. GRPO (Liu et al. 2025) and Composer 2: A = r - mean(group). Dividing by the group's std
+    (GRPO, Shao et al. 2024; std=True) over-weights groups whose rewards barely differ (nearly all
+    right or all wrong). A group whose rewards are all equal has A = 0: no signal, skipped.
+    signal_from (N,): the rewards whose spread decides has_signal instead (DAPO's dynamic sampling
+    filters on accuracy, the correctness reward, not on the length- or KL-shaped one)."""
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    g = torch.as_tensor(groups, dtype=torch.long)
+    n, mean, var = group_stats(r, g)
+    adv = r - mean[g]
+    if std:
+        adv = adv / (var.sqrt()[g] + eps)
+    if signal_from is not None:
+        var = group_stats(torch.as_tensor(signal_from, dtype=torch.float64), g)[2]
+    return adv, (var[g] > 1e-12) & (n[g] > 1)
+
+
+def ppo_token_loss(logp, old_logp, adv, eps_low=0.2, eps_high=0.28):
+    """Per-token clipped surrogate to MINIMISE, -min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A)
+    with ratio = pi / pi_old (PPO; GRPO uses it per token). eps_high > eps_low is DAPO's clip-higher
+    (Yu et al. 2025): a rare token with A > 0 may grow further before the clip stops it, which
+    keeps entropy from collapsing. Returns (loss (B, T), clipped (B, T) bool: the clip binds, the
+    token's gradient is zero). adv: (B,) or (B, T). Single epoch on-policy, the sampler's log-probs
+    are the trainer's: ratio = 1 (up to ~1e-7 on CPU) and the clip is inert; it binds only from the
+    second --ppo-epochs on, on queued groups, or with a sampler that differs from the trainer."""
+    adv = adv[:, None] if adv.dim() == 1 else adv
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def token_weights(mask, norm, max_new_tokens, n_seqs, n_tokens):
+    """Weights w such that loss = sum(w * per-token loss). mask (B, T) float (completion tokens).
+    n_seqs / n_tokens: GLOBAL counts (all ranks, all micro-batches), so the gradient is the same
+    whatever the split across ranks and micro-batches.
+      constant (Dr. GRPO): sum over tokens / (n_seqs * max_new_tokens): no length normalisation,
+                           so long wrong answers are not penalised less per token than short ones;
+      token    (DAPO):     sum over tokens / all tokens in the batch;
+      sequence (GRPO):     mean over each sequence's tokens, then mean over sequences."""
+    if norm == "constant":
+        return mask / (n_seqs * max_new_tokens)
+    if norm == "token":
+        return mask / max(n_tokens, 1)
+    if norm == "sequence":
+        return mask / (mask.sum(1, keepdim=True).clamp_min(1) * n_seqs)
+    raise ValueError(f"unknown loss norm {norm!r}")
+
+
+def kl_k1(logp, ref_logp, mask):
+    """k1 estimator of KL(pi || pi_ref) per sequence: sum over tokens of log pi - log pi_ref, on
+    tokens sampled from pi. Composer 2 picks k1 over k3 (whose variance explodes as the policies
+    drift apart) and, as here, folds it into the reward: r <- r - kl_coef * k1."""
+    return ((logp - ref_logp) * mask).sum(-1)
+
+
+def turns_of(s):
+    """The turns of a sample: an episode's (agent.run_episodes, --turns > 1) or the sample itself."""
+    return s.get("turns") or [s]
+
+
+def n_generated(s):
+    return sum(len(t["tokens"]) for t in turns_of(s))
+
+
+def flatten(s):
+    """A sample or episode -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1], the
+    column whose prediction is each generated token, the generated tokens, their logprobs). Feedback
+    tokens are fed, never targets: the loss covers only what the model wrote, in every turn."""
+    ids, cols, toks, lps = [], [], [], []
+    for t in turns_of(s):
+        start = len(ids) + len(t["prompt_ids"]) - 1
+        ids += t["prompt_ids"] + t["tokens"][:-1]
+        cols += range(start, start + len(t["tokens"]))
+        toks += t["tokens"]
+        lps += t["logprobs"]
+    return ids, cols, toks, lps
+
+
+def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
+    """Sample dicts (eval.sample_completions) or episodes (agent.run_episodes) -> idx (B, T), targets
+    (B, T) with -1 on prompt, feedback and padding (the loss mask: generated tokens only), old
+    logprobs (B, T), routes (n_moe_layers, B, T, top_k) or None, valid (B, T) bool (real tokens, not
+    padding: the MoE counts only those as expert load). idx = flatten()'s ids, right-padded."""
+    flat = [flatten(s) for s in samples]
+    B, T = len(samples), max(len(f[0]) for f in flat)
+    idx = torch.full((B, T), pad_id, dtype=torch.long)
+    tgt = torch.full((B, T), -1, dtype=torch.long)
+    old = torch.zeros(B, T)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    routes = torch.zeros(n_moe_layers, B, T, top_k, dtype=torch.long) if with_routes else None
+    for i, (s, (ids, cols, toks, lps)) in enumerate(zip(samples, flat)):
+        idx[i, :len(ids)] = torch.tensor(ids)
+        tgt[i, cols] = torch.tensor(toks)
+        old[i, cols] = torch.tensor(lps)
+        valid[i, :len(ids)] = True
+        if with_routes:   # padding keeps expert 0: it is computed but, not being valid, never counted
+            routes[:, i, :len(ids)] = torch.cat([t["routes"] for t in turns_of(s)], 1)
+    return idx, tgt, old, routes, valid
+
+
+def token_logprobs(model, idx, tgt, routes, temperature, valid=None):
+    """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
+    distribution generation sampled from (model.generate's logprobs; T = 0 is greedy: plain
+    softmax), and the policy's entropy there. Only completion positions go through the LM head and
+    the softmax: prompts are most of the tokens, and this halves the cost of a training step on CPU.
+    valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load."""
+    h = model.trunk(idx, torch.arange(idx.size(1), device=idx.device)[None], routes=routes, valid=valid)
+    m = tgt >= 0
+    logp_all = F.log_softmax(model.lm_head(h[m]).float() / (temperature or 1.0), -1)
+    picked = logp_all.gather(-1, tgt[m][:, None]).squeeze(-1)
+    logp = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, picked)
+    with torch.no_grad():
+        entropy = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, -(logp_all.exp() * logp_all).sum(-1))
+    return logp, entropy
+
+
+def pass_sums(per_task, ks):
+    """per_task: [(slice, valid samples n, correct c)] -> {"pass@k" and "pass@k_<slice>": (sum over
+    the tasks with n >= k of the unbiased pass@k, number of those tasks)}. Sums, not means, so that
+    ranks (and slices) combine weighted by the tasks they actually scored; a task with fewer than k
+    valid samples (sandbox errors) is left out of pass@k, not counted as a failure."""
+    out = {}
+    for k in ks:
+        for sl, n, c in per_task:
+            if n < k:
+                continue
+            for name in [f"pass@{k}"] + ([f"pass@{k}_{sl}"] if sl else []):
+                acc = out.setdefault(name, [0.0, 0])
+                acc[0] += evaluation.pass_at_k(n, c, k)
+                acc[1] += 1
+    return out
