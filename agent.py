@@ -47,7 +47,8 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
     nothing is re-read. The hidden tests judge every attempt (for the self-repair curve); the
     reward is the verdict on the last one. Returns per episode {"task_idx", "turns": one sample per
     attempt (as_sample's dict, prompt_ids = the tokens fed that turn, plus "feedback": the
-    text appended after it, "" for the last), "results": the hidden-test Result of each attempt,
+    text appended after it, "" for the last, and "visible_passed": the verdict of the docstring's
+    examples, None where they were not run), "results": the hidden-test Result of each attempt,
     "result": the last one, or the sandbox_error of a visible-example run that failed}."""
     device = next(model.parameters()).device
     prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
@@ -82,6 +83,7 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                     eps[j]["results"].append(r)
                     x["feedback"] = ""
                     v = seen.get(j)
+                    x["visible_passed"] = None if v is None else v.passed   # None: not run (last turn)
                     if v is not None and v.outcome == "sandbox_error":   # the harness failed, not the model:
                         eps[j]["lost"] = v                                # the episode is not scored
                     if v is None or v.passed or v.outcome == "sandbox_error":
@@ -155,7 +157,8 @@ def user_task(text):
 def show(task, episode, out=sys.stdout):
     print(env.render_prompt(task), end="", file=out)
     for t, (x, r) in enumerate(zip(episode["turns"], episode["results"]), 1):
-        print(f"# --- attempt {t} (hidden tests: {r.outcome}) ---", file=out)
+        seen = {None: "", True: ", visible examples: pass", False: ", visible examples: fail"}[x.get("visible_passed")]
+        print(f"# --- attempt {t} (hidden tests: {r.outcome}{seen}) ---", file=out)
         print(x["text"] if x["text"].endswith("\n") else x["text"] + "\n", end="", file=out)
         if x["feedback"]:
             print(f"# --- feedback (visible examples) ---\n{x['feedback']}", end="", file=out)
@@ -165,7 +168,7 @@ def show(task, episode, out=sys.stdout):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="agent.py", description="Run one multi-turn episode and print every turn.")
+    p = argparse.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py or train_rl.py), required")
     p.add_argument("--prompt-file", default=None, help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")
@@ -177,7 +180,9 @@ def main(argv=None):
     args = common.parse_args(p, PRESETS, argv)
     if args.turns < 1 or args.max_new_tokens < 1:
         common.die("--turns and --max-new-tokens must be >= 1")
-    if not args.ckpt or not os.path.isfile(args.ckpt):
+    if not args.ckpt:
+        common.die("--ckpt CKPT is required")
+    if not os.path.isfile(args.ckpt):
         common.die(f"no checkpoint at {args.ckpt!r}")
     try:
         if args.prompt_file:

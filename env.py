@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import tokenize
@@ -88,16 +89,22 @@ def corpus_text(task) -> str:
 # write the body, run the docstring's examples (the only tests the model can see), read what failed,
 # write the body again. The hidden tests decide the reward and never appear in feedback.
 
+def _entry_def(task):
+    """The prompt's `def` of the entry point as an AST node (None if the prompt does not parse)."""
+    try:
+        return next(n for n in ast.walk(ast.parse(render_prompt(task) + "    pass\n"))
+                    if isinstance(n, ast.FunctionDef) and n.name == task.entry_point)
+    except (SyntaxError, StopIteration, ValueError, MemoryError, RecursionError):
+        return None
+
 def visible_tests(task) -> list[tuple[list, object]]:
     """The docstring's examples, `>>> name(args)` and the answer on the next line, as (args, expected
     value): calls of the entry point with literal arguments and a literal answer. Anything else
     (prints, keyword arguments, non-literal values) is not a test the harness can run."""
-    try:        # the docstring itself, so the closing quotes never end up in an expected value
-        fn = next(n for n in ast.walk(ast.parse(render_prompt(task) + "    pass\n"))
-                  if isinstance(n, ast.FunctionDef) and n.name == task.entry_point)
-        lines = [ln.strip() for ln in (ast.get_docstring(fn) or "").splitlines()] + [""]
-    except (SyntaxError, StopIteration, ValueError, MemoryError, RecursionError):
+    fn = _entry_def(task)    # the docstring itself, so the closing quotes never end up in an answer
+    if fn is None:
         return []
+    lines = [ln.strip() for ln in (ast.get_docstring(fn) or "").splitlines()] + [""]
     out = []
     for source, want in zip(lines, lines[1:]):
         if not source.startswith(">>> ") or not want or want.startswith(">>>"):
@@ -112,9 +119,10 @@ def visible_tests(task) -> list[tuple[list, object]]:
     return out
 
 def visible_task(task):
-    """The task judged on its visible examples only (None if it has none): feedback comes from this."""
+    """The task judged on its visible examples only (None if it has none, or if its signature cannot
+    be found again for the next turn): feedback comes from this."""
     cases = visible_tests(task)
-    if not cases:
+    if not cases or not signature(task):
         return None
     return dataclasses.replace(task, task_id=task.task_id + "/visible", inputs=[a for a, _ in cases],
                                outputs=[w for _, w in cases], test=None, canary=False)
@@ -125,9 +133,16 @@ def render_feedback(task, result, attempt: str) -> str:
     again, after which the model writes a new body. `attempt` is the text the model wrote (a
     newline is added if it did not end its last line)."""
     why = " ".join(result.feedback.split())[:200]
-    lines = [ln for ln in render_prompt(task).splitlines() if ln.lstrip().startswith(f"def {task.entry_point}(")]
     head = "\n" if attempt and not attempt.endswith("\n") else ""
-    return f"{head}# Test failed: {why}\n{lines[-1].strip()}\n"
+    return f"{head}# Test failed: {why}\n{signature(task)}"
+
+def signature(task) -> str:
+    """The entry point's `def` line(s) as the prompt writes them (a signature may span lines)."""
+    fn = _entry_def(task)
+    if fn is None:
+        return ""
+    lines = render_prompt(task).splitlines(keepends=True)[fn.lineno - 1:fn.body[0].lineno - 1]
+    return textwrap.dedent("".join(lines))
 
 def render_episode(task, turns) -> str:
     """The whole context of an episode as text, at any turn: the prompt, then for each turn the text

@@ -215,16 +215,32 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     return out
 
 
+def resample_pass(cases, T):
+    """The chance that T fresh samples, taken in random order without replacement from one task's
+    (visible pass, hidden pass) samples, pass the hidden tests when the first to pass the visible
+    examples is kept (the last one if none does): the episode's stopping rule, without feedback. The
+    first visible pass drawn is uniform over the visible passes; with none among the T, the last
+    drawn is uniform over the visible failures."""
+    a = sum(v and h for v, h in cases)
+    b = sum(v and not h for v, h in cases)
+    c = sum(h and not v for v, h in cases)
+    d = len(cases) - a - b - c
+    none_visible = math.comb(c + d, T) / math.comb(len(cases), T)     # no visible pass among the T
+    return (1 - none_visible) * (a / (a + b) if a + b else 0.0) + none_visible * (c / (c + d) if c + d else 0.0)
+
+
 def episode_figures(tasks, episodes, turns):
     """Does the model use the feedback, or does it just get more tries? (Olausson et al. 2023, "Is
     Self-Repair a Silver Bullet for Code Generation?") Overall and per slice: pass@1 after each
     turn (an episode that ended earlier keeps its last verdict), the repair rate (the share of
-    turn-1 failures that pass in the end) and the baseline of as many tries without feedback:
-    pass@T of the turn-1 attempts, which are plain single-shot samples (needs n >= T per task)."""
+    turn-1 failures that pass in the end), the share of episodes that got feedback and how many of
+    those pass; and two baselines of T tries without feedback, from the turn-1 attempts (plain
+    single-shot samples; needs n >= T per task): pass@T, where the hidden tests pick the sample (an
+    upper bound no episode has), and resample, the episode's own rule without feedback (resample_pass)."""
     out = {}
     for sl in ("", "near", "novel"):
-        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"
-               and e["results"][0].outcome != "sandbox_error" and (not sl or tasks[e["task_idx"]].slice == sl)]
+        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as train_rl.py's curve
+               and (not sl or tasks[e["task_idx"]].slice == sl)]
         if not eps:
             continue
         name = f"_{sl}" if sl else ""
@@ -232,12 +248,18 @@ def episode_figures(tasks, episodes, turns):
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
-        first = defaultdict(lambda: [0, 0])            # task -> [turn-1 attempts, passes]
+        fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
+        out[f"feedback_rate{name}"] = len(fed) / len(eps)
+        out[f"pass_after_feedback{name}"] = sum(e["result"].passed for e in fed) / len(fed) if fed else None
+        first = defaultdict(list)                      # task -> (visible pass, hidden pass) of turn-1 attempts
         for e in eps:
-            first[e["task_idx"]][0] += 1
-            first[e["task_idx"]][1] += e["results"][0].passed
-        nc = [(n, c) for n, c in first.values() if n >= turns]
-        out[f"pass@{turns}_no_feedback{name}"] = sum(pass_at_k(n, c, turns) for n, c in nc) / len(nc) if nc else None
+            if e["results"][0].outcome != "sandbox_error":
+                first[e["task_idx"]].append((bool(e["turns"][0].get("visible_passed")), e["results"][0].passed))
+        cases = [c for c in first.values() if len(c) >= turns]
+        out[f"pass@{turns}_no_feedback{name}"] = (sum(pass_at_k(len(c), sum(h for _, h in c), turns) for c in cases)
+                                                  / len(cases) if cases else None)
+        out[f"pass@{turns}_resample{name}"] = (sum(resample_pass(c, turns) for c in cases) / len(cases)
+                                               if cases else None)
     out["turns_mean"] = sum(len(e["turns"]) for e in episodes) / max(len(episodes), 1)
     return out
 

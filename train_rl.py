@@ -616,8 +616,8 @@ def held_out(ctx, tag, at):
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
     values = [x for n in names for x in sums.get(n, (0.0, 0))]
     scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns):                            # the self-repair curve: pass@1 after turn t
-        names.append(f"pass@1_turn{t}")                       # (a mean over episodes; the last turn is pass@1)
+    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
+        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
         values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
     v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
     if ctx.ddp:
@@ -665,7 +665,7 @@ def summarize_run(ctx):
     if args.turns > 1:
         for when in ("before", "after"):
             e = evals.get(when, {})
-            out[f"pass@1_by_turn_{when}"] = [e.get(f"pass@1_turn{t}") for t in range(1, args.turns)] + [e.get("pass@1")]
+            out[f"pass@1_by_turn_{when}"] = [e.get(f"pass@1_turn{t}") for t in range(1, args.turns + 1)]
     return {**out, "eval_seed": args.eval_seed, "steps": ctx.state["step"],
             "wall_s": round(time.time() - ctx.t_start, 1),
             "time_split": {x: round(y, 1) for x, y in ctx.state["totals"].items()},

@@ -118,6 +118,24 @@ def test_a_lost_feedback_run_is_not_the_models_failure(tiny, pool):
     assert all(e["results"][0].outcome != "sandbox_error" for e in eps)      # the hidden verdict is still kept
 
 
+def test_resample_baseline_is_the_episode_rule_without_feedback():
+    """resample_pass against brute force over every ordered draw; and a worked case where picking by
+    the visible examples loses to the hidden-test oracle: samples (visible, hidden) = (pass, fail),
+    (fail, pass), (fail, pass), T = 2: a draw holding the first keeps it and fails (4 of 6 orders),
+    else the last of two hidden passes is kept: 1/3, while pass@2 is 1."""
+    import itertools
+    import random
+    import eval as evaluation
+    assert evaluation.resample_pass([(True, False), (False, True), (False, True)], 2) == pytest.approx(1 / 3)
+    r = random.Random(0)
+    for _ in range(30):
+        cases = [(r.random() < 0.5, r.random() < 0.5) for _ in range(r.randint(2, 6))]
+        T = r.randint(1, len(cases))
+        draws = list(itertools.permutations(range(len(cases)), T))
+        kept = [next((i for i in d if cases[i][0]), d[-1]) for d in draws]
+        assert evaluation.resample_pass(cases, T) == pytest.approx(sum(cases[i][1] for i in kept) / len(draws))
+
+
 def test_episode_figures_on_worked_numbers():
     """Task 0 (near): episodes pass at turns [F,T], [F,F], [T]; task 1 (novel): [F,F], [F,F], [F,T].
     pass@1 by turn: turn 1: 1/6, turn 2: 3/6. Repair rate: 2 of the 5 turn-1 failures. pass@2
