@@ -484,7 +484,7 @@ def evaluate_checkpoints(args):
         json.dump({"settings": settings, "checkpoints": report, "figures": figs}, f, indent=1)
     summary = {"out_dir": args.out_dir, "labels": labels, "checkpoints": figs}
     if args.turns > 1:    # the self-repair curve and its no-feedback baseline, per checkpoint (held-out test)
-        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", "repair_rate"):
+        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample", "repair_rate"):
             summary[key] = {label: r["test"]["episodes"].get(key) for label, r in report.items()}
     common.print_summary(summary)
 
