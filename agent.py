@@ -6,9 +6,10 @@ attempts. The last attempt is judged on the hidden tests. Training (train_rl.py 
 (eval.py --turns) and this command run the same episodes (run_episodes); the context of an episode
 is env.render_episode's text at every turn.
 
-Watch a model work through a task, turn by turn (this is the harness of the deployed model):
-    python agent.py --ckpt runs/cpu/rl/ckpt.pt                        # the first held-out task
-    python agent.py --ckpt CKPT --task 5 --difficulties 1-2 --turns 3 # held-out task 5 of that level
+Watch a model work through a task, turn by turn (this is the harness of the deployed model), e.g.
+after `TURNS=3 OUT=runs/turns bash run.sh` (a base model that has seen feedback, a context for 3 turns):
+    python agent.py --ckpt runs/turns/rl/ckpt.pt                      # held-out task 0 (train_rl's cpu set)
+    python agent.py --ckpt CKPT --task 5 --difficulties 3 --turns 2   # task 5 of the level-3 held-out tasks
     python agent.py --ckpt CKPT --prompt-file my_function.py          # your signature + docstring
   A prompt of your own is a `def` line and a docstring with `>>> name(args)` examples, each followed
   by the expected value on the next line; those examples are its only tests.

@@ -18,7 +18,15 @@ TURNS=${TURNS:-1}
 mkdir -p "$OUT"
 echo "preset: $PRESET   run directory: $OUT"
 
-run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
+# Multi-turn episodes need a base model that has seen test feedback (repair transcripts) and, on the cpu
+# preset, a context that holds three turns; single-turn runs keep the corpus without transcripts, which
+# RL learned faster from (README notes).
+PRE_ARGS=()
+if [ "$TURNS" -gt 1 ]; then
+  PRE_ARGS=(--repair-frac 0.25)
+  [ "$PRESET" = cpu ] && PRE_ARGS+=(--seq-len 512 --micro-batch 8)
+fi
+run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain" "${PRE_ARGS[@]}"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
 run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl" --turns "$TURNS"
 RL_CKPT=$(json_get "$OUT/rl.json" ckpt)

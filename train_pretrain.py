@@ -56,23 +56,23 @@ from tokenizer import Tokenizer, train_tokenizer
 ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
         "expert_hidden", "n_dense_layers", "balance")
 PRESETS = {
-    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.25, holdout_n=200,
+    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.0, holdout_n=200,
                   mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_expert=4,
                   top_k=2, n_shared_expert=1, expert_hidden=64, n_dense_layers=1, balance="bias",
                   seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
                   log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
     # cpu: measured on the shared 2-core box (1 thread, ~6k tok/s): ~10 min, held-out pass@1 ~0.3
     # with pass@8 well above it (fewer steps: less, more: ~0.5 at 4.9M tokens), room for RL.
-    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.25, holdout_n=1000,
+    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0, holdout_n=1000,
                 mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8,
                 top_k=2, n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias",
-                seq_len=512, micro_batch=8, batch_tokens=4096, max_steps=900, warmup_steps=50, lr=3e-3,
+                seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=900, warmup_steps=50, lr=3e-3,
                 log_every=10, eval_every=300, val_tokens=32768, sample_every=300, sample_tokens=96,
                 ckpt_every=300),
     # gpu: ~74M active / 256M total, ~650M tokens; on one H100 (~15-30% MFU) ~25-45 min of steps
     # plus data prep and evals. The built-in corpus is small (stdlib ~3.5M tokens, repeated), so
     # the generated tasks carry most of it; add --data for real code.
-    "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.25,
+    "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.0,
                 holdout_n=1000,
                 mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
                 top_k=2, n_shared_expert=1, expert_hidden=512, n_dense_layers=1, balance="bias",
