@@ -59,3 +59,18 @@ def test_run_sh_stops_at_first_failing_stage(tmp_path):
     assert "stage pretrain failed" in p.stderr
     assert "invalid choice" in p.stderr           # argparse's own message, shown from the stage log
     assert not (out / "rl.log").exists()
+
+
+def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
+    """TURNS=2: pretraining builds repair transcripts, RL and eval run episodes and report the
+    self-repair curve (a list of two values per checkpoint)."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PRESET="smoke", OUT=str(out), TURNS="2")
+    p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "--repair-frac 0.25" in p.stdout and "--turns 2" in p.stdout
+    rl = json.loads((out / "rl.json").read_text())
+    assert len(rl["pass@1_by_turn_before"]) == len(rl["pass@1_by_turn_after"]) == 2
+    ev = json.loads((out / "eval.json").read_text())
+    assert {k: len(v) for k, v in ev["pass@1_by_turn"].items()} == {"pretrained": 2, "rl": 2}
+    assert set(ev["pass@2_resample"]) == {"pretrained", "rl"}
