@@ -192,13 +192,13 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                                       top_k=top_k, batch_size=batch_size, generator=gen, progress=progress)
         # an episode is scored as its last attempt; its length is every token the model wrote
         samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
-        results = [e["result"] for e in episodes]
+        results = [e["result"] for e in episodes]    # sandboxed between turns: no wait left
+        t1 = time.time()
     else:
         samples = sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
                                      batch_size=batch_size, generator=gen, top_k=top_k,
                                      progress=progress, on_batch=submit)
-    t1 = time.time()
-    if turns == 1:
+        t1 = time.time()
         results = [r for f in futures for r in f.result()]
     out = summarize(tasks, samples, results, ks, n_examples)
     if turns > 1:
