@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 import common
+from model import generate_streams
 import env
 from tasks import Task, generate_tasks, parse_difficulties
 
@@ -67,10 +68,10 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                 if not live:
                     break
                 with common.autocast(device):
-                    gens = model.generate([feeds[j] for j in live], max_new_tokens, temperature=temperature,
-                                          top_k=top_k, top_p=top_p, stop_ids=[tok.eot_id], generator=generator,
-                                          return_routes=return_routes, return_past=more,
-                                          past=[pasts[j] for j in live] if turn else None)
+                    gens = generate_streams(model, [feeds[j] for j in live], max_new_tokens, temperature=temperature,
+                                            top_k=top_k, top_p=top_p, stop_ids=[tok.eot_id], generator=generator,
+                                            return_routes=return_routes, return_past=more,
+                                            past=[pasts[j] for j in live] if turn else None)
                 samples = [as_sample(tok, g, chunk[j], feeds[j], turn == 0 and truncated[chunk[j]])
                            for j, g in zip(live, gens)]
                 hidden = pool.submit_batch([tasks[x["task_idx"]] for x in samples],

@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
@@ -141,19 +142,20 @@ def eot_at_lengths(model, eot, lengths):
     exist in a benchmark): hooks set P(eot) at the t-th generated token to the hazard
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
-    prefill of T > 1 tokens, then one token per row per step). Returns the hook handles."""
+    prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
+    model.generate_streams. Returns the hook handles."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
     hazard[-1] = 1.0 - 1e-9
-    step = [0]
+    step = threading.local()
 
     def on_input(mod, args):
         if args[0].size(1) > 1:   # a prefill: a new generate() call starts
-            step[0] = 0
+            step.t = 0
 
     def on_logits(mod, args, out):   # in place: generation runs under no_grad
-        step[0] += 1
-        h = hazard[min(step[0], len(hazard) - 1)]
+        step.t += 1
+        h = hazard[min(step.t, len(hazard) - 1)]
         out[..., eot] = float("-inf")
         out[..., eot] = out.logsumexp(-1) + torch.log(h / (1 - h))   # then softmax gives eot exactly h
     return [model.wte.register_forward_pre_hook(on_input), model.lm_head.register_forward_hook(on_logits)]

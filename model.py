@@ -14,6 +14,7 @@ Embeddings are UNTIED (as in nanochat / Llama): the input table and the output h
 scales at this size, and untying costs nothing in active compute.
 """
 import math
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -193,10 +194,12 @@ class MoE(nn.Module):
         # not a buffer: DDP (broadcast_buffers=True) would overwrite every rank's counts with rank 0's.
         self.load, self.aux, self.stats, self.topi = None, 0.0, {}, None
 
-    def forward(self, x, route=None, track=True, valid=None):
+    def forward(self, x, route=None, track=True, valid=None, chosen=None):
         """valid (B, T) bool: the real tokens. Padding still flows through the experts (shapes stay
         static) but is neither counted as load nor part of the balancing terms: right-padding routed
-        to expert 0 would otherwise make expert 0 look overloaded and push its bias down."""
+        to expert 0 would otherwise make expert 0 look overloaded and push its bias down. chosen: a
+        list this call's experts are appended to (generate reads them there, not from self.topi,
+        so that generate calls may run side by side in threads: generate_streams)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
@@ -217,6 +220,8 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(x)
         self.topi = topi.detach()
+        if chosen is not None:   # this call's own experts (self.topi may be another thread's by now)
+            chosen.append(topi.detach())
         if track:   # generation skips the balancing stats: nobody reads them, and for a one-token
             if valid is not None:                     # decode step they cost ~40% of the layer
                 keep = valid.reshape(-1).to(x.device)
@@ -290,10 +295,12 @@ class Block(nn.Module):
         self.attn = Attention(cfg, i)
         self.mlp = MoE(cfg) if self.is_moe else MLP(cfg.n_embd, cfg.mlp_hidden)
 
-    def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None):
+    def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None, chosen=None):
         x = x + self.attn(self.norm1(x), cos, sin, cache, mask)
         h = self.norm2(x)
-        return x + (self.mlp(h, route, track=cache is None, valid=valid) if self.is_moe else self.mlp(h))
+        if not self.is_moe:
+            return x + self.mlp(h)
+        return x + self.mlp(h, route, track=cache is None, valid=valid, chosen=chosen)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,6 +311,7 @@ class GPT(nn.Module):
     # attribute like MoE.dispatch: it changes speed, and float rounding only (log-probs move by
     # ~1e-6, the thread count splits the reductions differently). See cpu_threads.
     decode_threads = 1
+    decode_streams = 2   # generate_streams' threads on CPU (this machine's 2 cores)
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -333,13 +341,14 @@ class GPT(nn.Module):
     def n_moe_layers(self) -> int:
         return len(self.moe_layers())
 
-    def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None):
+    def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None, chosen=None):
         """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D).
-        valid (B, T) bool: real tokens, the only ones the MoE balancing statistics count (None = all)."""
+        valid (B, T) bool: real tokens, the only ones the MoE balancing statistics count (None = all).
+        chosen: a list that receives each MoE layer's experts (B*T, top_k), as MoE.forward says."""
         cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
         x, routes = self.wte(idx), iter(routes if routes is not None else [])
         for block in self.blocks:
-            x = block(x, cos, sin, cache, mask, next(routes, None) if block.is_moe else None, valid)
+            x = block(x, cos, sin, cache, mask, next(routes, None) if block.is_moe else None, valid, chosen)
         if cache is not None:
             cache.pos += idx.size(1)
         return self.norm(x)
@@ -478,7 +487,8 @@ class GPT(nn.Module):
             q = col[:, A:].T
             mask = (col <= q) & valid[:, None, None, :A + L] | (col == q)
         pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
-        logits = self.lm_head(self.trunk(idx, pos, cache, mask)[:, -1]).float()
+        chosen = []
+        logits = self.lm_head(self.trunk(idx, pos, cache, mask, chosen=chosen)[:, -1]).float()
         rows = torch.tensor(which, device=dev)
         cache.select(rows)
         logits, valid, pos = logits[rows], valid[rows], (n_past + lens)[rows]
@@ -491,7 +501,7 @@ class GPT(nn.Module):
         n_out = torch.full((B,), max_new_tokens, device=dev)
         routes = torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev) if return_routes else None
         if return_routes and nl:
-            routes[:, :, :L] = torch.stack([m.topi.view(len(uniq), L, k) for m in self.moe_layers()])[:, rows]
+            routes[:, :, :L] = torch.stack([c.view(len(uniq), L, k) for c in chosen])[:, rows]
         stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
         alive = torch.arange(B, device=dev)                 # original row id of each batch row
         done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -518,10 +528,12 @@ class GPT(nn.Module):
                     cache.select(keep)
                     tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
                 mask = valid[:, None, None, :cache.pos + 1] if padded else None
-                logits = self.lm_head(self.trunk(tok[:, None], pos[:, None], cache, mask)[:, -1]).float()
+                chosen = []
+                h = self.trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
+                logits = self.lm_head(h[:, -1]).float()
                 pos += 1
                 if return_routes and nl:
-                    routes[:, alive, L + t] = torch.stack([m.topi.view(len(alive), k) for m in self.moe_layers()])
+                    routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
         if return_past:
             for j in range(len(alive)):
                 keep_past(j)
@@ -535,6 +547,32 @@ class GPT(nn.Module):
             for o, p in zip(out, pasts):
                 o["past"] = p
         return out
+
+
+def generate_streams(model, prompts, max_new_tokens, streams=None, generator=None, past=None, **kw):
+    """model.generate over `streams` Python threads (default GPT.decode_streams on CPU, 1 on GPU),
+    each on a contiguous share of the rows with a random stream of its own and one torch thread. A
+    CPU decode step is a few hundred small ops: too small to split across OpenMP threads (a thread
+    woken for each op costs more than it gives), but each op releases the GIL, so two independent
+    batches decode side by side (bench.py generation). Rows of one prompt stay in one share (its
+    prefill is shared). The samples depend on the number of streams, as they depend on the batch;
+    each row's distribution does not. Same arguments and outputs as GPT.generate."""
+    prompts = as_prompt_lists(prompts)
+    dev = next(model.parameters()).device
+    streams = min(streams or (model.decode_streams if dev.type == "cpu" else 1), len(prompts) // 16 or 1)
+    if streams <= 1:
+        return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
+    n = len(prompts)   # shares start at a prompt's first row (any row, with pasts), nearest to i * n / streams
+    starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
+    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
+    seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
+
+    def share(i):
+        a, b = bounds[i], bounds[i + 1]
+        g = torch.Generator(generator.device if generator is not None else "cpu").manual_seed(seeds[i])
+        return model.generate(prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
+    with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
+        return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
 
 
 def as_prompt_lists(prompts):
@@ -553,11 +591,10 @@ def as_prompt_lists(prompts):
 
 @contextmanager
 def cpu_threads(n):
-    """Run the block with n torch threads (0: unchanged). A decode step is a few hundred small ops on
-    a batch of at most a few hundred rows; waking a second OpenMP thread for each costs more than
-    it gives (measured on the shared 2-core machine, cpu preset model: a decode step of 8 rows took
-    12.0 ms at 2 threads and 4.2 ms at 1, of 128 rows 24 ms and 15 ms), and it leaves the other
-    cores to the sandbox workers that score a finished batch while the next one is generated."""
+    """Run the block with n torch threads (0: unchanged). Whether a decode step (a few hundred small
+    ops) gains from a second thread depends on how idle OpenMP threads wait: woken from sleep for
+    each op (OMP_WAIT_POLICY=PASSIVE) it is slower than one thread; spinning briefly first (the
+    scripts' GOMP_SPINCOUNT) it is faster at every batch size (README, "Benchmarks")."""
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
