@@ -154,7 +154,7 @@ def eot_at_lengths(model, eot, lengths):
             step.t = 0
 
     def on_logits(mod, args, out):   # in place: generation runs under no_grad
-        step.t += 1
+        step.t = getattr(step, "t", 0) + 1
         h = hazard[min(step.t, len(hazard) - 1)]
         out[..., eot] = float("-inf")
         out[..., eot] = out.logsumexp(-1) + torch.log(h / (1 - h))   # then softmax gives eot exactly h

@@ -219,7 +219,7 @@ class MoE(nn.Module):
         y = self.experts_loop(x, topi, gates) if self.dispatch == "loop" else self.experts(x, topi, gates)
         if self.shared is not None:
             y = y + self.shared(x)
-        self.topi = topi.detach()
+        self.topi = topi.detach()   # for tests and tools that look after a forward
         if chosen is not None:   # this call's own experts (self.topi may be another thread's by now)
             chosen.append(topi.detach())
         if track:   # generation skips the balancing stats: nobody reads them, and for a one-token
@@ -556,20 +556,23 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     woken for each op costs more than it gives), but each op releases the GIL, so two independent
     batches decode side by side (bench.py generation). Rows of one prompt stay in one share (its
     prefill is shared). The samples depend on the number of streams, as they depend on the batch;
-    each row's distribution does not. Same arguments and outputs as GPT.generate."""
+    each row's distribution does not. Same arguments and outputs as GPT.generate. One stream (plain
+    generate) on GPU and under 16 rows per stream."""
     prompts = as_prompt_lists(prompts)
-    dev = next(model.parameters()).device
-    streams = min(streams or (model.decode_streams if dev.type == "cpu" else 1), len(prompts) // 16 or 1)
-    if streams <= 1:
-        return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
-    n = len(prompts)   # shares start at a prompt's first row (any row, with pasts), nearest to i * n / streams
+    n = len(prompts)
+    streams = min(model.decode_streams if streams is None else streams, n // 16)
+    if next(model.parameters()).device.type != "cpu" or model.decode_threads != 1:
+        streams = 1   # a GPU: one batch fills it; decode_threads > 1: the streams would oversubscribe the cores
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
-    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
+    # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
+    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(max(streams, 1))}) + [n]
+    if len(bounds) <= 2 or max_new_tokens <= 0:
+        return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
     seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
 
     def share(i):
         a, b = bounds[i], bounds[i + 1]
-        g = torch.Generator(generator.device if generator is not None else "cpu").manual_seed(seeds[i])
+        g = torch.Generator().manual_seed(seeds[i])
         return model.generate(prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
     with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
         return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
@@ -591,10 +594,11 @@ def as_prompt_lists(prompts):
 
 @contextmanager
 def cpu_threads(n):
-    """Run the block with n torch threads (0: unchanged). Whether a decode step (a few hundred small
-    ops) gains from a second thread depends on how idle OpenMP threads wait: woken from sleep for
-    each op (OMP_WAIT_POLICY=PASSIVE) it is slower than one thread; spinning briefly first (the
-    scripts' GOMP_SPINCOUNT) it is faster at every batch size (README, "Benchmarks")."""
+    """Run the block with n torch threads (0: unchanged; the setting is process-wide). A decode step
+    is a few hundred small ops; with idle OpenMP threads asleep (OMP_WAIT_POLICY=PASSIVE, set by
+    the scripts so that they leave the cores to the sandbox workers) waking a second thread for
+    each op costs more than it gives, so decode runs on one thread, and generate_streams puts the
+    second core to work on a second batch instead."""
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)

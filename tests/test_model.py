@@ -485,7 +485,8 @@ def test_generate_streams_is_generate_per_share():
     pasts = [o["past"] for o in first]
     same(M.generate_streams(model, feeds, 5, streams=2, generator=torch.Generator().manual_seed(1), past=pasts, **kw),
          per_share(feeds, 5, 1, pasts))
-    # under 16 rows per stream, or streams=1: plain generate with the caller's generator
+    # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     g = torch.Generator()
-    one = M.generate_streams(model, prompts[:20], 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-    assert one == model.generate(prompts[:20], 6, generator=g.manual_seed(2), temperature=1.0)
+    for rows in (prompts[:20], prompts[:1] * 40):
+        one = M.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
