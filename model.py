@@ -560,12 +560,12 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     generate) on GPU and under 16 rows per stream."""
     prompts = as_prompt_lists(prompts)
     n = len(prompts)
-    streams = min(model.decode_streams if streams is None else streams, n // 16)
+    streams = max(1, min(model.decode_streams if streams is None else streams, n // 16))
     if next(model.parameters()).device.type != "cpu" or model.decode_threads != 1:
         streams = 1   # a GPU: one batch fills it; decode_threads > 1: the streams would oversubscribe the cores
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
-    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(max(streams, 1))}) + [n]
+    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
     if len(bounds) <= 2 or max_new_tokens <= 0:
         return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
     seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()

@@ -487,6 +487,6 @@ def test_generate_streams_is_generate_per_share():
          per_share(feeds, 5, 1, pasts))
     # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     g = torch.Generator()
-    for rows in (prompts[:20], prompts[:1] * 40):
+    for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
         one = M.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
         assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
