@@ -97,6 +97,8 @@ def with_means(runs):
 def fmt(v):
     if v is None:
         return "-"
+    if isinstance(v, float) and 0 < abs(v) < 1e-3:   # e.g. a mean log-prob mismatch of 4e-4
+        return f"{v:.1e}"
     if isinstance(v, float) and abs(v) < 100:
         return f"{v:.3f}"
     return f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
