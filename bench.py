@@ -143,7 +143,7 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    model.generate_streams. Returns the hook handles."""
+    agent.generate_streams. Returns the hook handles."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
     hazard[-1] = 1.0 - 1e-9

@@ -45,7 +45,6 @@ from tqdm import tqdm
 import agent
 import common
 import env
-from model import generate_streams
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
@@ -98,10 +97,10 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
                       leave=False):
             idx = rows[s:s + batch_size]
             with common.autocast(device):
-                gens = generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
-                                        temperature=temperature, top_k=top_k, top_p=top_p,
-                                        stop_ids=[tok.eot_id], generator=generator,
-                                        return_routes=return_routes)
+                gens = agent.generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
+                                              temperature=temperature, top_k=top_k, top_p=top_p,
+                                              stop_ids=[tok.eot_id], generator=generator,
+                                              return_routes=return_routes)
             batch = [agent.as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
             if on_batch is not None:
                 on_batch(batch)

@@ -14,7 +14,6 @@ Embeddings are UNTIED (as in nanochat / Llama): the input table and the output h
 scales at this size, and untying costs nothing in active compute.
 """
 import math
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -199,7 +198,7 @@ class MoE(nn.Module):
         static) but is neither counted as load nor part of the balancing terms: right-padding routed
         to expert 0 would otherwise make expert 0 look overloaded and push its bias down. chosen: a
         list this call's experts are appended to (generate reads them there, not from self.topi,
-        so that generate calls may run side by side in threads: generate_streams)."""
+        so that generate calls may run side by side in threads: agent.generate_streams)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
@@ -311,7 +310,7 @@ class GPT(nn.Module):
     # attribute like MoE.dispatch: it changes speed, and float rounding only (log-probs move by
     # ~1e-6, the thread count splits the reductions differently). See cpu_threads.
     decode_threads = 1
-    decode_streams = 2   # generate_streams' threads on CPU (this machine's 2 cores)
+    decode_streams = 2   # agent.generate_streams' threads on CPU (this machine's 2 cores)
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -549,35 +548,6 @@ class GPT(nn.Module):
         return out
 
 
-def generate_streams(model, prompts, max_new_tokens, streams=None, generator=None, past=None, **kw):
-    """model.generate over `streams` Python threads (default GPT.decode_streams on CPU, 1 on GPU),
-    each on a contiguous share of the rows with a random stream of its own and one torch thread. A
-    CPU decode step is a few hundred small ops: too small to split across OpenMP threads (a thread
-    woken for each op costs more than it gives), but each op releases the GIL, so two independent
-    batches decode side by side (bench.py generation). Rows of one prompt stay in one share (its
-    prefill is shared). The samples depend on the number of streams, as they depend on the batch;
-    each row's distribution does not. Same arguments and outputs as GPT.generate. One stream (plain
-    generate) on GPU and under 16 rows per stream."""
-    prompts = as_prompt_lists(prompts)
-    n = len(prompts)
-    streams = max(1, min(model.decode_streams if streams is None else streams, n // 16))
-    if next(model.parameters()).device.type != "cpu" or model.decode_threads != 1:
-        streams = 1   # a GPU: one batch fills it; decode_threads > 1: the streams would oversubscribe the cores
-    starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
-    # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
-    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
-    if len(bounds) <= 2 or max_new_tokens <= 0:
-        return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
-    seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
-
-    def share(i):
-        a, b = bounds[i], bounds[i + 1]
-        g = torch.Generator().manual_seed(seeds[i])
-        return model.generate(prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
-    with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
-        return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
-
-
 def as_prompt_lists(prompts):
     """generate()'s prompts -> a list of lists of ints: accepts lists/tuples of ids (or 1-D tensors),
     or a (B, T) integer tensor."""
@@ -597,8 +567,8 @@ def cpu_threads(n):
     """Run the block with n torch threads (0: unchanged; the setting is process-wide). A decode step
     is a few hundred small ops; with idle OpenMP threads asleep (OMP_WAIT_POLICY=PASSIVE, set by
     the scripts so that they leave the cores to the sandbox workers) waking a second thread for
-    each op costs more than it gives, so decode runs on one thread, and generate_streams puts the
-    second core to work on a second batch instead."""
+    each op costs more than it gives, so decode runs on one thread, and agent.generate_streams puts
+    the second core to work on a second batch instead."""
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)

@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)
 import agent  # noqa: E402
 import common  # noqa: E402
 import env  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, cpu_threads  # noqa: E402
 from tasks import Task, generate_tasks, load_humaneval  # noqa: E402
 from tokenizer import train_tokenizer  # noqa: E402
 
@@ -37,6 +37,43 @@ def tiny(tmp_path_factory):
 def pool():
     with env.SandboxPool(workers=2, timeout_s=2.0) as p:
         yield p
+
+
+def test_generate_streams_is_generate_per_share():
+    """Two streams = generate() on each share of the rows with the share's own generator (seeded from
+    the caller's), the rows of one prompt kept in one share, side by side in threads: same tokens,
+    log-probs, routes and pasts (each call collects its own experts, so the threads do not mix
+    them up), and a second turn continues each row's past through the streams."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, seq_len=64, n_layer=2, n_head=2, n_kv_head=1, n_embd=32, n_expert=4,
+                          top_k=2, expert_hidden=32, n_dense_layers=1)).eval()
+    prompts = [[5, 3, 9]] * 12 + [[1, 2, 3, 4, 5, 6, 7]] * 12 + [[8]] * 12 + [[4, 4]] * 12
+    kw = dict(temperature=1.0, return_routes=True, return_past=True)
+
+    def per_share(prompts, n, seed, past=None):
+        seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
+        with cpu_threads(1):   # as the streams run (the thread count moves float rounding)
+            return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
+                    for o in model.generate(prompts[a:b], n, generator=torch.Generator().manual_seed(s),
+                                            past=past[a:b] if past else None, **kw)]
+
+    def same(got, want):
+        assert len(got) == len(want) == 48
+        for x, y in zip(got, want):
+            assert x["tokens"] == y["tokens"] and x["logprobs"] == y["logprobs"]
+            assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
+    g = torch.Generator()
+    for _ in range(3):   # threads interleave differently each time
+        first = agent.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
+        same(first, per_share(prompts, 8, 0))
+    feeds = [[7, 7]] * 48
+    pasts = [o["past"] for o in first]
+    same(agent.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
+         per_share(feeds, 5, 1, pasts))
+    # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
+    for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
+        one = agent.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
 def test_visible_tests_are_the_docstring_examples():

@@ -455,38 +455,3 @@ def test_generate_continues_a_past_like_the_full_prompt():
     for p, o, f, c, a in zip(prompts, first, feeds, cont, again):
         whole = p + o["tokens"][:-1] + f + c["tokens"][:-1] + [41, 42]
         assert a["tokens"] == greedy_by_full_forward(model, whole, 4)
-
-
-def test_generate_streams_is_generate_per_share():
-    """Two streams = generate() on each share of the rows with the share's own generator (seeded from
-    the caller's), the rows of one prompt kept in one share, side by side in threads: same tokens,
-    log-probs, routes and pasts (each call collects its own experts, so the threads do not mix
-    them up), and a second turn continues each row's past through the streams."""
-    model = tiny()
-    prompts = [[5, 3, 9]] * 12 + [[1, 2, 3, 4, 5, 6, 7]] * 12 + [[8]] * 12 + [[4, 4]] * 12
-    kw = dict(temperature=1.0, return_routes=True, return_past=True)
-
-    def per_share(prompts, n, seed, past=None):
-        seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-        with M.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
-            return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
-                    for o in model.generate(prompts[a:b], n, generator=torch.Generator().manual_seed(s),
-                                            past=past[a:b] if past else None, **kw)]
-
-    def same(got, want):
-        assert len(got) == len(want) == 48
-        for x, y in zip(got, want):
-            assert x["tokens"] == y["tokens"] and x["logprobs"] == y["logprobs"]
-            assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
-    for _ in range(3):   # threads interleave differently each time
-        first = M.generate_streams(model, prompts, 8, streams=2, generator=torch.Generator().manual_seed(0), **kw)
-        same(first, per_share(prompts, 8, 0))
-    feeds = [[7, 7]] * 48
-    pasts = [o["past"] for o in first]
-    same(M.generate_streams(model, feeds, 5, streams=2, generator=torch.Generator().manual_seed(1), past=pasts, **kw),
-         per_share(feeds, 5, 1, pasts))
-    # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
-    g = torch.Generator()
-    for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
-        one = M.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-        assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
