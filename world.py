@@ -30,16 +30,15 @@ import random
 import re
 import time
 
+import families
 import tasks
+from families import LETTERS, PAIRS, VOCAB, R   # the template families' inputs and ranges
 
 INT, STR, BOOL, INTS, WORDS, DICT = "int", "str", "bool", "list[int]", "list[str]", "dict[str,int]"
 ARG_NAMES = {INT: ("n", "num", "value", "number"), STR: ("s", "text", "line", "phrase"),
              INTS: ("nums", "values", "numbers", "items", "data"), WORDS: ("words", "names", "tokens"),
              DICT: ("scores", "table", "stock", "ages")}
-_VOCAB = "apple bee cat dog egg fig red blue sun moon tree sky car box pen ink".split()
-_LETTERS = "abcdeilmnorst"
 _SEPS = {" ": "space", ",": "comma", "-": "dash", "": "nothing", "+": "plus"}
-_PAIRS = [("big", "small"), ("high", "low"), ("yes", "no"), ("hot", "cold"), ("pass", "fail"), ("up", "down")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +74,6 @@ def _p(name, src, dst, weight, phrase, template, **consts):
     PRIMS[key] = Prim(name, src, dst, weight, phrase, template, tuple((s, tuple(c)) for s, c in consts.items()),
                       ns["step"], _LOCAL_NAMES.sub("_", template))
 
-def R(a, b): return list(range(a, b + 1))
-
 # --- the library: ints -------------------------------------------------------------------------
 _p("add_{c}", INT, INT, 1, "add {c}", "result = {v} + {c}", c=R(1, 50))
 _p("minus_{c}", INT, INT, 1, "subtract {c}", "result = {v} - {c}", c=R(1, 50))
@@ -96,7 +93,7 @@ _p("above_{c}", INT, BOOL, 1, "check whether it is greater than {c}", "result = 
 _p("divisible_{c}", INT, BOOL, 1, "check whether it is divisible by {c}", "result = {v} % {c} == 0", c=R(2, 9))
 _p("label_{a}_{b}_{c}", INT, STR, 2, "give {a} if it is greater than {c}, otherwise {b}",
    "if {v} > {c}:\n    result = {a}\nelse:\n    result = {b}",
-   c=R(0, 30), a=[a for a, _ in _PAIRS], b=[b for _, b in _PAIRS])
+   c=R(0, 30), a=[a for a, _ in PAIRS], b=[b for _, b in PAIRS])
 # --- lists of ints -----------------------------------------------------------------------------
 _p("add_each_{c}", INTS, INTS, 1, "add {c} to every number", "result = [x + {c} for x in {v}]", c=R(1, 30))
 _p("times_each_{c}", INTS, INTS, 1, "multiply every number by {c}", "result = [x * {c} for x in {v}]", c=R(2, 9))
@@ -145,9 +142,9 @@ _p("join_{c}", INTS, STR, 2, "write the numbers as one string, separated by {c}"
 _p("upper", STR, STR, 1, "convert it to upper case", "result = {v}.upper()")
 _p("lower", STR, STR, 1, "convert it to lower case", "result = {v}.lower()")
 _p("reverse_text", STR, STR, 1, "reverse the string", "result = {v}[::-1]")
-_p("remove_{c}", STR, STR, 1, "remove every {c}", "result = {v}.replace({c}, '')", c=list(_LETTERS + " "))
+_p("remove_{c}", STR, STR, 1, "remove every {c}", "result = {v}.replace({c}, '')", c=list(LETTERS + " "))
 _p("swap_{c}_{d}", STR, STR, 2, "replace every {c} by {d}", "result = {v}.replace({c}, {d})",
-   c=list(_LETTERS), d=list("xyz-_"))
+   c=list(LETTERS), d=list("xyz-_"))
 _p("head_{c}", STR, STR, 1, "keep the first {c} characters", "result = {v}[:{c}]", c=R(1, 8))
 _p("tail_{c}", STR, STR, 1, "keep the last {c} characters", "result = {v}[-{c}:]", c=R(1, 8))
 _p("suffix_{c}", STR, STR, 1, "append {c}", "result = {v} + {c}", c=["ing", "ed", "er", "ly", "s", "!", "?", "."])
@@ -157,7 +154,7 @@ _p("twice", STR, STR, 1, "repeat it twice", "result = {v} * 2")
 _p("split", STR, WORDS, 1, "split it into words at whitespace", "result = {v}.split()")
 _p("chars", STR, WORDS, 1, "split it into its characters", "result = list({v})")
 _p("length", STR, INT, 1, "count its characters", "result = len({v})")
-_p("count_char_{c}", STR, INT, 1, "count how many times {c} occurs", "result = {v}.count({c})", c=list(_LETTERS))
+_p("count_char_{c}", STR, INT, 1, "count how many times {c} occurs", "result = {v}.count({c})", c=list(LETTERS))
 _p("vowels", STR, INT, 3, "count the vowels (a, e, i, o, u, either case)",
    "count = 0\nfor ch in {v}:\n    if ch.lower() in 'aeiou':\n        count += 1\nresult = count")
 _p("longer_than_{c}", STR, BOOL, 1, "check whether it has more than {c} characters", "result = len({v}) > {c}",
@@ -197,7 +194,7 @@ _p("keep_values_below_{c}", DICT, DICT, 2, "keep only the entries whose value is
 _p("keys_above_{c}", DICT, WORDS, 2, "take the keys whose value is greater than {c}, in sorted order",
    "result = sorted(key for key in {v} if {v}[key] > {c})", c=R(0, 15))
 _p("value_of_{c}", DICT, INT, 1, "take the value stored under {c} (0 if it is not a key)", "result = {v}.get({c}, 0)",
-   c=_VOCAB)
+   c=VOCAB)
 _p("sorted_keys", DICT, WORDS, 1, "take the keys in sorted order", "result = sorted({v})")
 _p("values", DICT, INTS, 1, "take the values in key order", "result = [{v}[k] for k in sorted({v})]")
 _p("sum_values", DICT, INT, 1, "take the sum of the values", "result = sum({v}.values())")
@@ -208,7 +205,7 @@ assert len(PRIMS) >= 40
 
 # --- inputs ------------------------------------------------------------------------------------
 def _word(r):
-    w = r.choice(_VOCAB) if r.random() < 0.6 else "".join(r.choice(_LETTERS) for _ in range(r.randint(1, 6)))
+    w = r.choice(VOCAB) if r.random() < 0.6 else "".join(r.choice(LETTERS) for _ in range(r.randint(1, 6)))
     return w.capitalize() if r.random() < 0.25 else w      # some capitals, so lower() has work to do
 
 def sample_input(r, typ):
@@ -221,7 +218,7 @@ def sample_input(r, typ):
     if typ == WORDS:
         return [_word(r).lower() for _ in range(r.randint(0, 6))]
     if typ == DICT:
-        return {r.choice(_VOCAB): r.randint(0, 20) for _ in range(r.randint(0, 7))}
+        return {r.choice(VOCAB): r.randint(0, 20) for _ in range(r.randint(0, 7))}
     raise ValueError(f"no inputs of type {typ}")
 
 def sample_inputs(r, typ, n):
@@ -380,7 +377,7 @@ def _has_constants(seq):
 # tasks.py's `compose` family writes 2-3 step chains of some of these very statements; those functions
 # are its own (its split may hold them out), so the world never makes them: one function, one owner.
 _COMPOSE_STEPS = {"result = " + expr.format(v="{v}", **dict(zip(params, values)))
-                  for _, _, expr, params in tasks._STR_STEPS + tasks._LIST_STEPS
+                  for _, _, expr, params in families.STR_STEPS + families.LIST_STEPS
                   for values in itertools.product(*params.values())}
 
 def owned_by_compose(program):
@@ -479,7 +476,7 @@ def sample_task(split, seed, index, difficulties=None):
     is near or novel with equal odds."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    r = tasks._Random(f"world/{split}/{seed}/{index}")      # str seeds are hashed with sha512: stable
+    r = families.Random(f"world/{split}/{seed}/{index}")      # str seeds are hashed with sha512: stable
     novel_ok = not difficulties or max(difficulties) >= 2           # a novel program has 2+ steps
     slice_ = "train" if split == "train" else r.choice(("near", "novel") if novel_ok else ("near",))
     pools = {}

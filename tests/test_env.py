@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import env
+import families
 import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,13 +71,13 @@ def test_parse_difficulties():
 def test_solutions_do_not_depend_on_argument_names():
     """Template bugs (a body local shadowing an argument) would make the reference solution
     disagree with the docstring; renaming all arguments must never change any output."""
-    for j, v in enumerate(tasks._VARIANTS):
+    for j, v in enumerate(families.VARIANTS):
         if v.family == "compose" and j % 7:
             continue                                   # compositions reuse the same steps: sample them
         params = tasks._sample_params(v, random.Random(j))
         outs = set()
         for k in range(3):
-            names = [tasks._SLOTS[s][0][(k + i) % len(tasks._SLOTS[s][0])] for i, s in enumerate(v.sig)]
+            names = [families.SLOTS[s][0][(k + i) % len(families.SLOTS[s][0])] for i, s in enumerate(v.sig)]
             if len(set(names)) == len(names):
                 outs.add(json.dumps(tasks._build(v, params, names, random.Random(j), "x").outputs))
         assert len(outs) == 1, v.name

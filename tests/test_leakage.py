@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+import families
 import tasks
 from tokenizer import Tokenizer
 
@@ -82,8 +83,8 @@ def test_novel_templates_share_no_structure_with_train_templates():
         order = list(dict.fromkeys(m for m in re.findall(r"\{(\w+)\}", v.body) if m in consts))
         body = v.body.format(**{k: f"K{i}" for i, k in enumerate(order)}, **{s: s for s in v.sig})
         return tasks.function_identity(body, list(v.sig))
-    novel = {structure(v): v.name for v in tasks._VARIANTS if v.novel}
-    trained = {structure(v): v.name for v in tasks._VARIANTS if not v.novel}
+    novel = {structure(v): v.name for v in families.VARIANTS if v.novel}
+    trained = {structure(v): v.name for v in families.VARIANTS if not v.novel}
     assert len(novel) > 50
     assert not {novel[k]: trained[k] for k in novel.keys() & trained.keys()}
 
@@ -117,7 +118,7 @@ def _template_regex(v):
 
 def _templates(family_tasks, family):
     """{task_id: variant name} through one regex per family (named groups say which template matched)."""
-    variants = [v for v in tasks._VARIANTS if v.family == family]
+    variants = [v for v in families.VARIANTS if v.family == family]
     rx = re.compile("|".join(f"(?P<v{i}>{_template_regex(v)})" for i, v in enumerate(variants)))
     out = {}
     for t in family_tasks:
