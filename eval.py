@@ -364,6 +364,33 @@ def flat_figures(r):
     return f
 
 
+def paired_gain(tasks, base, other):
+    """pass@1 of `other` minus `base` (two checkpoints' test records on the same tasks), overall and
+    per slice, with its standard error paired over tasks: the spread of the per-task differences
+    / sqrt(tasks). Tasks are the unit of noise (a seed draws tasks; a checkpoint's samples of one
+    task are not independent evidence), so a gain within ~2 SE of another is within noise."""
+    rate = lambda recs: {t: (sum(r["passed"] for r in g) / len(g)) for t, g in _by_task(recs).items()}
+    a, b = rate(base), rate(other)
+    out = {}
+    for sl in ("", "near", "novel"):
+        d = [b[t.task_id] - a[t.task_id] for t in tasks
+             if t.task_id in a and t.task_id in b and (not sl or getattr(t, "slice", "") == sl)]
+        if len(d) > 1:
+            mean = sum(d) / len(d)
+            se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
+            out[f"slice={sl}/" if sl else ""] = (mean, se)
+    return out
+
+
+def _by_task(records):
+    """Scored records (sandbox errors left out, as everywhere) grouped by task id."""
+    g = defaultdict(list)
+    for r in records:
+        if r["outcome"] != "sandbox_error":
+            g[r["task_id"]].append(r)
+    return g
+
+
 def markdown_table(figs):
     labels = list(figs)
     rows = list(dict.fromkeys(k for f in figs.values() for k in f))
@@ -450,6 +477,11 @@ def evaluate_checkpoints(args):
     for key in {k for f in figs.values() for k in f if "/outcome/" in k}:
         for f in figs.values():             # an outcome one checkpoint never hit is a 0, not "-"
             f.setdefault(key, 0.0)
+    first = labels[0]
+    for label in labels[1:]:                # is a gain over the first checkpoint more than noise?
+        for sl, (gain, se) in paired_gain(test, records[first]["test"], records[label]["test"]).items():
+            figs[label][f"test/{sl}pass@1 - {first}"] = gain
+            figs[label][f"test/{sl}pass@1 - {first}, paired SE"] = se
     settings = vars(args)
     head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples"
             f" ({args.tasks or 'env test split, seed %d' % args.task_seed}); humaneval: "
@@ -457,7 +489,8 @@ def evaluate_checkpoints(args):
             f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
             f"outcome rows are fractions of samples; mean_len in generated tokens; test = all held-out "
             f"tasks, slice=near: templates seen in training with unseen constants, slice=novel: templates or "
-            f"step combinations never in training (tasks.py)")
+            f"step combinations never in training (tasks.py); 'pass@1 - {labels[0]}': the gain over the first "
+            f"checkpoint on the same tasks, with its standard error paired over tasks")
     table = markdown_table(figs)
     md = [f"# eval: {', '.join(labels)}", "", head, "", table, ""]
     for label, r in report.items():

@@ -81,6 +81,19 @@ def humaneval_samples(path, n_problems, canonical):
     return [p["task_id"] for p in problems]
 
 
+def test_paired_gain_worked_numbers():
+    """Per-task pass rates 0, 1/2, 1 -> 1, 1/2, 1: differences 1, 0, 0, mean 1/3; sample variance
+    ((2/3)^2 + 2 (1/3)^2) / 2 = 1/3, SE = sqrt(1/3 / 3) = 1/3. A sandbox error is not scored."""
+    tasks = [SimpleNamespace(task_id=f"t{i}", slice=sl) for i, sl in enumerate(["novel", "near", "near"])]
+    rec = lambda t, p, o=None: {"task_id": t, "passed": p, "outcome": o or ("pass" if p else "fail")}
+    base = [rec("t0", 0), rec("t0", 0), rec("t1", 1), rec("t1", 0), rec("t2", 1), rec("t2", 1)]
+    other = [rec("t0", 1), rec("t0", 1), rec("t0", 0, "sandbox_error"), rec("t1", 0), rec("t1", 1), rec("t2", 1)]
+    g = ev.paired_gain(tasks, base, other)
+    assert g[""] == pytest.approx((1 / 3, 1 / 3))
+    assert g["slice=near/"] == pytest.approx((0.0, 0.0))
+    assert "slice=novel/" not in g                       # one task: no spread to estimate
+
+
 def test_humaneval_canonical_scores_100_and_empty_0(tmp_path):
     good, empty = tmp_path / "good.jsonl", tmp_path / "empty.jsonl"
     ids = humaneval_samples(good, 40, canonical=True)
@@ -243,6 +256,9 @@ def test_two_checkpoints_one_table(tiny, tmp_path):
     assert {"test/slice=near/pass@1", "test/slice=novel/pass@1"} <= rows        # test/0/15 is novel
     s = last_json(r.stdout)
     assert set(s["checkpoints"]) == {"base", "other"}
+    other = s["checkpoints"]["other"]                    # the gain over the first column, with its noise
+    assert other["test/pass@1 - base"] == pytest.approx(other["test/pass@1"] - s["checkpoints"]["base"]["test/pass@1"])
+    assert other["test/pass@1 - base, paired SE"] >= 0 and "test/pass@1 - base" not in s["checkpoints"]["base"]
     for figs in s["checkpoints"].values():
         assert {"test/pass@1", "test/slice=near/pass@1", "test/slice=novel/pass@1", "humaneval/pass@1",
                 "bits_per_byte"} <= set(figs)
