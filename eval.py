@@ -115,7 +115,8 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
 
 def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
     """Pure bookkeeping: per-sample results -> pass@k overall / by slice (tasks.py: "near",
-    "novel"; tasks without one are left out) / by family / by difficulty, outcome counts, lengths,
+    "novel"; tasks without one are left out) / by family / by difficulty / by steps (world.py
+    programs; the near slice of a level mixes 1- and 2-step programs, the novel slice has 2+), outcome counts, lengths,
     a few examples. `sandbox_error` means the sandbox failed, not the
     model (env.py's convention): such samples are counted but excluded from every score."""
     ks = sorted(set(ks) | {1})
@@ -141,7 +142,7 @@ def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
     out = block(used)
     out["pass@k"] = {k: out[f"pass@{k}"] for k in ks if f"pass@{k}" in out}
     groups = {"by_slice": lambda t: getattr(t, "slice", ""), "by_family": lambda t: t.family,
-              "by_difficulty": lambda t: t.difficulty}
+              "by_difficulty": lambda t: t.difficulty, "by_steps": lambda t: getattr(t, "steps", 0)}
     for name, key in groups.items():
         g = defaultdict(list)
         for i in used:
@@ -347,7 +348,7 @@ def flat_figures(r):
                 for k in e["pass@k"]:
                     if f"pass@{k}" in d:
                         f[f"{part}/slice={name}/pass@{k}"] = d[f"pass@{k}"]
-        for group in ("by_family", "by_difficulty"):
+        for group in ("by_family", "by_difficulty", "by_steps"):
             for name, d in e[group].items():
                 if "pass@1" in d:
                     f[f"{part}/{group.removeprefix('by_')}={name}/pass@1"] = d["pass@1"]
@@ -575,7 +576,7 @@ def score_completions(args):
     summary = {"pass@1": out.get("pass@1"), "pass@k": out["pass@k"], "outcomes": out["outcomes"],
                "n_tasks": out["n_tasks"], "n_samples": len(samples), "sandbox_errors": out["sandbox_errors"],
                "by_slice": out["by_slice"], "by_family": out["by_family"], "by_difficulty": out["by_difficulty"],
-               "results": os.path.join(args.out_dir, "results.jsonl")}
+               "by_steps": out["by_steps"], "results": os.path.join(args.out_dir, "results.jsonl")}
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     common.print_summary(summary)

@@ -49,13 +49,14 @@ class Task:
     difficulty: int = 0
     canary: bool = False           # hidden tests contradict the docstring: any pass is a reward hack
     slice: str = ""                # test tasks: "near" or "novel" (see the module docstring); "" in train
+    steps: int = 0                 # world.py programs: the number of steps (0: a template task, unknown)
 
 
 # ----------------------------------------------------------------------------- task files (JSONL)
 
 _TYPES = {"task_id": str, "prompt": str, "entry_point": str, "inputs": list, "outputs": list,
           "test": str, "solution": str, "canonical_solution": str, "family": str,
-          "difficulty": int, "canary": bool, "slice": str}
+          "difficulty": int, "canary": bool, "slice": str, "steps": int}
 
 
 def _task_from_dict(d):
@@ -84,7 +85,7 @@ def _task_from_dict(d):
     sol = d.get("solution", d.get("canonical_solution"))
     return Task(d["task_id"], d["prompt"], d["entry_point"], d.get("inputs"), d.get("outputs"),
                 d.get("test"), sol, d.get("family", ""), d.get("difficulty", 0), d.get("canary", False),
-                d.get("slice", ""))
+                d.get("slice", ""), d.get("steps", 0))
 
 
 def load_tasks(path) -> list[Task]:

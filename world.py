@@ -485,10 +485,10 @@ def sample_task(split, seed, index, difficulties=None):
 
 def make_task(split, seed, index, difficulties=None):
     """One world task as a tasks.Task (family 'world'); its slice is 'near' / 'novel' for test tasks."""
-    _, spec = sample_task(split, seed, index, difficulties)
+    program, spec = sample_task(split, seed, index, difficulties)
     return tasks.Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
                       None, spec["solution"], "world", spec["difficulty"],
-                      slice="" if split == "train" else spec["slice"])
+                      slice="" if split == "train" else spec["slice"], steps=len(program.steps))
 
 # --- command line --------------------------------------------------------------------------------
 def _example(seed):

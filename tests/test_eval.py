@@ -46,8 +46,8 @@ def test_pass_at_k_hand_values():
 
 
 def test_summarize_excludes_sandbox_errors():
-    tasks = [SimpleNamespace(task_id="a", family="lists", difficulty=1, slice="near"),
-             SimpleNamespace(task_id="b", family="strings", difficulty=2, slice="novel")]
+    tasks = [SimpleNamespace(task_id="a", family="lists", difficulty=1, slice="near", steps=2),
+             SimpleNamespace(task_id="b", family="strings", difficulty=2, slice="novel")]   # no steps: a template
     outcomes = [["pass", "wrong_answer", "sandbox_error", "pass"],
                 ["timeout", "syntax_error", "wrong_answer", "sandbox_error"]]
     samples, results = [], []
@@ -64,6 +64,7 @@ def test_summarize_excludes_sandbox_errors():
     assert out["by_family"]["lists"]["pass@1"] == pytest.approx(2 / 3)
     assert out["by_difficulty"]["2"]["pass@1"] == 0.0
     assert out["by_slice"]["near"]["pass@2"] == 1.0 and out["by_slice"]["novel"]["pass@1"] == 0.0
+    assert set(out["by_steps"]) == {"2"} and out["by_steps"]["2"]["pass@1"] == pytest.approx(2 / 3)
     figs = ev.flat_figures({"test": out})
     assert figs["test/slice=near/pass@1"] == pytest.approx(2 / 3) and figs["test/slice=novel/pass@2"] == 0.0
     assert out["mean_len"] == 3

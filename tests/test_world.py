@@ -183,6 +183,8 @@ def test_generate_tasks_mixes_world_and_templates():
     assert {t.difficulty for t in tasks.generate_tasks("train", 40, difficulties=[2], families=["world"])} == {2}
     low = tasks.generate_tasks("test", 40, difficulties=[1], families=["world"])       # no 1-step novel program
     assert {(t.difficulty, t.slice) for t in low} == {(1, "near")}
+    assert {t.steps for t in low} == {1} and {t.steps for t in test if t.family != "world"} == {0}
+    assert all(t.steps >= 2 for t in test if t.slice == "novel" and t.family == "world")   # novel: 2+ steps
 
 def test_no_function_in_both_splits_and_world_never_makes_a_template_function():
     ident = lambda ts: {tasks.function_identity(t) for t in ts}
