@@ -210,7 +210,20 @@ def bench_generation(quick):
         samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                 top_p=1.0, batch_size=128, return_routes=True, generator=g)
         return sum(len(s["tokens"]) for s in samples)
+    def step_ms(rows, n_new=24):   # one decode step at a fixed batch (no end-of-text): ms, on one thread
+        with model_mod.cpu_threads(1):
+            t0 = time.perf_counter()
+            model.generate([prompts[0]] * rows, n_new, temperature=1.0, generator=g)
+            t1 = time.perf_counter()
+            model.generate([prompts[0]] * rows, 1, temperature=1.0, generator=g)   # the prefill alone
+        return 1e3 * (2 * t1 - t0 - time.perf_counter()) / (n_new - 1)
     forward()   # warm-up
+    for h in hooks:
+        h.remove()
+    # The last rows of a batch decode alone: a step's cost barely shrinks with its rows (a few hundred
+    # small ops, each with a fixed dispatch cost), so the tail of long samples costs full steps.
+    steps = {rows: min(step_ms(rows) for _ in range(3)) for rows in (64, 4)}
+    hooks = eot_at_lengths(model, tok.eot_id, lengths)
     for _ in range(3 if quick else 8):
         for name, fn in (("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
                          ("rl", rl_sampling)):
@@ -225,9 +238,12 @@ def bench_generation(quick):
     mean_len = res["generate"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
            "generate_tok_s": gen, "rl_generation_tok_s": rl,
-           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd, "generate_mean_len": mean_len}
+           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd, "generate_mean_len": mean_len,
+           "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
     print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
           f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%)   mean completion {mean_len:.1f} tokens", flush=True)
+    print(f"  one decode step on one thread: 64 rows {steps[64]:.2f} ms, 4 rows {steps[4]:.2f} ms "
+          f"({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
     return out
 
 
