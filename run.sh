@@ -18,16 +18,21 @@ TURNS=${TURNS:-1}
 mkdir -p "$OUT"
 echo "preset: $PRESET   run directory: $OUT"
 
-# Multi-turn episodes need a base model that has seen test feedback (repair transcripts) and, on the cpu
-# preset, a context that holds three turns; single-turn runs keep the corpus without transcripts, which
-# RL learned faster from (README notes).
-PRE_ARGS=()
-if [ "$TURNS" -gt 1 ]; then
-  PRE_ARGS=(--repair-frac 0.25)
-  [ "$PRESET" = cpu ] && PRE_ARGS+=(--seq-len 512 --micro-batch 8)
-fi
-run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain" "${PRE_ARGS[@]}"
+run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
+# Multi-turn episodes need a base model that has seen test feedback (repair transcripts) and, on the cpu
+# preset, a context that holds three turns: a short continued pretraining of the preset's base, the same
+# path as context extension (README notes: pretraining with transcripts from scratch made a weaker base).
+if [ "$TURNS" -gt 1 ]; then
+  case $PRESET in
+    smoke) REPAIR_ARGS=(--max-steps 8) ;;
+    cpu)   REPAIR_ARGS=(--max-steps 300 --seq-len 512 --micro-batch 8) ;;   # a third of pretraining's steps
+    *)     REPAIR_ARGS=(--max-steps 500) ;;
+  esac
+  run_stage repair python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" --repair-frac 0.25 \
+    "${REPAIR_ARGS[@]}" --out-dir "$OUT/repair"
+  PRE_CKPT=$(json_get "$OUT/repair.json" ckpt)
+fi
 run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl" --turns "$TURNS"
 RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
 run_stage eval python eval.py --preset "$PRESET" --ckpt "$PRE_CKPT" --ckpt "$RL_CKPT" \
@@ -37,6 +42,7 @@ run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 echo
 echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
+[ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts, checkpoint $PRE_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"
 echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json"

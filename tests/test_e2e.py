@@ -62,13 +62,16 @@ def test_run_sh_stops_at_first_failing_stage(tmp_path):
 
 
 def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
-    """TURNS=2: pretraining builds repair transcripts, RL and eval run episodes and report the
-    self-repair curve (a list of two values per checkpoint)."""
+    """TURNS=2: a continued pretraining of the base adds repair transcripts, RL and eval run episodes
+    from it and report the self-repair curve (a list of two values per checkpoint)."""
     out = tmp_path / "run"
     env = dict(os.environ, PRESET="smoke", OUT=str(out), TURNS="2")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "--repair-frac 0.25" in p.stdout and "--turns 2" in p.stdout
+    repair = json.loads((out / "repair.json").read_text())
+    assert repair["data"]["tasks"]["docs"] > 0 and (out / "pretrain" / "ckpt.pt").is_file()
+    assert f"--init-from {out}/repair/ckpt.pt" in p.stdout        # RL starts from the repair stage
     rl = json.loads((out / "rl.json").read_text())
     assert len(rl["pass@1_by_turn_before"]) == len(rl["pass@1_by_turn_after"]) == 2
     ev = json.loads((out / "eval.json").read_text())
