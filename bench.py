@@ -21,6 +21,8 @@ Parts and the goals they are measured against:
   pretrain   training tokens/s and MFU of the `cpu` pretraining preset
   rl         (full mode only) RL step time split generation / sandbox / training, with and
              without overlapping the sandbox with generation; needs a cpu pretraining checkpoint
+  compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
+             question: does a compiled step close the gap?)
 """
 import argparse
 import concurrent.futures
@@ -34,6 +36,7 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
@@ -391,19 +394,80 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
     return out
 
 
+# ------------------------------------------------------------------------------------- compiled
+
+def bench_compiled(quick):
+    """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
+    shape (random weights, a 256-column cache, one thread), eager vs torch.compile (CPU inductor),
+    at 4 and 64 rows. The step is written out here with the model's own modules and one change the
+    compiler needs: every expert runs on every row and the gates (zero off the top-k) weigh them,
+    since grouped_mm has no fp32 kernel under compile; the test of equal outputs is the last line."""
+    import model as model_mod
+    cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
+                              n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
+    model = model_mod.GPT(cfg).eval()
+    hd, S = cfg.n_embd // cfg.n_head, 256
+
+    def moe_all_experts(m, x):
+        probs = F.linear(x, m.router.weight).softmax(-1)
+        topi = (probs + m.bias).topk(m.k, dim=-1).indices
+        gates = probs.gather(-1, topi)
+        w = torch.zeros_like(probs).scatter(-1, topi, gates / gates.sum(-1, keepdim=True))   # (N, E)
+        a, b = torch.einsum("nd,edh->enh", x, m.w1).chunk(2, -1)
+        return torch.einsum("enh,ehd,ne->nd", F.silu(a) * b, m.w2, w) + m.shared(x)
+
+    def step(tok, pos, col, mask, ks, vs):   # one token per row; k/v written at cache column col
+        B = tok.size(0)
+        cos, sin = model_mod.rope_cos_sin(pos, hd, cfg.rope_theta)
+        x = model.wte(tok)
+        for blk, kc, vc in zip(model.blocks, ks, vs):
+            a = blk.attn
+            q, k, v = a.qkv(blk.norm1(x)).split([cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd], -1)
+            q = model_mod.apply_rope(a.q_norm(q.view(B, 1, cfg.n_head, hd).transpose(1, 2)), cos, sin)
+            k = model_mod.apply_rope(a.k_norm(k.view(B, 1, cfg.n_kv_head, hd).transpose(1, 2)), cos, sin)
+            kc.index_copy_(2, col, k)
+            vc.index_copy_(2, col, v.view(B, 1, cfg.n_kv_head, hd).transpose(1, 2))
+            y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+            x = x + a.proj(y.transpose(1, 2).reshape(B, 1, -1))
+            h = blk.norm2(x)
+            x = x + (moe_all_experts(blk.mlp, h.view(B, -1)).view_as(h) if blk.is_moe else blk.mlp(h))
+        return model.lm_head(model.norm(x)[:, -1]).float()
+
+    out, worst = {}, 0.0
+    with torch.no_grad(), model_mod.cpu_threads(1):
+        for rows in (4, 64):
+            args = (torch.randint(0, cfg.vocab_size, (rows, 1)), torch.full((rows, 1), 130), torch.tensor([130]),
+                    torch.ones(rows, 1, 1, S, dtype=torch.bool),
+                    [torch.zeros(rows, cfg.n_kv_head, S, hd) for _ in range(cfg.n_layer)],
+                    [torch.zeros(rows, cfg.n_kv_head, S, hd) for _ in range(cfg.n_layer)])
+            t0 = time.perf_counter()
+            compiled = torch.compile(step)
+            compiled(*args)
+            out[f"compile_s_{rows}rows"] = time.perf_counter() - t0
+            for name, fn in (("eager", step), ("compiled", compiled)):
+                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: fn(*args), 20 if quick else 100)
+            worst = max(worst, (step(*args) - compiled(*args)).abs().max().item())
+            torch._dynamo.reset()
+            print(f"  {rows:2d} rows: eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled "
+                  f"{out[f'compiled_step_ms_{rows}rows']:.2f} ms (compile {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
+    print(f"  largest logit difference compiled vs eager: {worst:.1e}", flush=True)
+    return {**out, "compiled_max_abs_diff": worst}
+
+
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
-         "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl}
+         "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
+         "compiled": bench_compiled}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
-                        help=f"which benchmarks to run (default: all; rl only without --quick): {', '.join(PARTS)}")
+                        help=f"which benchmarks to run (default: all; rl and compiled only without --quick): {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="shorter runs: the whole set in < 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    parts = args.parts or [p for p in PARTS if not (args.quick and p == "rl")]
+    parts = args.parts or [p for p in PARTS if not (args.quick and p in ("rl", "compiled"))]
     results, t_start = {"machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, "
                                    f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"}, time.time()
     for name in parts:

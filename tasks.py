@@ -408,7 +408,7 @@ def _sample(split, seed, index, difficulties=None, families=None):
         return world.make_task(split, seed, index, difficulties)
     cells = _pool(split, difficulties, families)
     for _ in range(1000):
-        fams = cells[r.choice(sorted(cells))]
+        fams = cells[r.choice([d for d in difficulties or sorted(cells) if d in cells])]   # repeats weigh
         v = r.choice(fams[r.choice(sorted(fams))])
         params = _sample_params(v, r)
         names = [r.choice(fam.SLOTS[s][0]) for s in v.sig]
@@ -423,9 +423,10 @@ def _sample(split, seed, index, difficulties=None, families=None):
 
 
 def parse_difficulties(s: str):
-    """'1-3' or '1,2,5' -> [1, 2, 3] / [1, 2, 5]; '' -> None (every level). The --difficulties flag
-    of train_rl.py, eval.py and env.py; ValueError on anything else."""
-    levels = set()
+    """'1-3' or '1,2,5' -> [1, 2, 3] / [1, 2, 5]; '' -> None (every level). A level listed k times is
+    drawn k times as often: '1,2-3,2-3' -> [1, 2, 2, 3, 3] (a train mix with fewer one-step programs).
+    The --difficulties flag of train_rl.py, eval.py and env.py; ValueError on anything else."""
+    levels = []
     for part in filter(None, s.replace(" ", "").split(",")):
         a, _, b = part.partition("-")
         try:
@@ -434,7 +435,7 @@ def parse_difficulties(s: str):
             raise ValueError(f"difficulties {s!r}: want e.g. 1-3 or 1,2,5") from None
         if not 1 <= lo <= hi <= 5:      # '3-1' or '0' would silently mean "every level" or none
             raise ValueError(f"difficulties {s!r}: want levels 1..5, ranges low-high, e.g. 1-3 or 1,2,5")
-        levels.update(range(lo, hi + 1))
+        levels += range(lo, hi + 1)
     return sorted(levels) or None
 
 

@@ -64,6 +64,7 @@ def test_parse_difficulties():
     assert tasks.parse_difficulties("5, 1,2") == [1, 2, 5]
     assert tasks.parse_difficulties("1-2,4") == [1, 2, 4]
     assert tasks.parse_difficulties("") is None
+    assert tasks.parse_difficulties("1,2-3,2-3") == [1, 2, 2, 3, 3]     # repeats are weights
     for bad in ["x", "1-y", "1;2", "3-1", "0", "9", "2-6"]:
         with pytest.raises(ValueError, match="e.g. 1-3"):
             tasks.parse_difficulties(bad)
@@ -244,3 +245,11 @@ def test_generate_tasks_start_continues_the_stream():
     whole = tasks.generate_tasks("train", 24, seed=3)
     parts = tasks.generate_tasks("train", 10, seed=3) + tasks.generate_tasks("train", 14, seed=3, start=10)
     assert [(t.task_id, t.prompt, t.solution) for t in whole] == [(t.task_id, t.prompt, t.solution) for t in parts]
+
+
+def test_repeated_difficulty_levels_weigh_the_mix():
+    plain = tasks.generate_tasks("train", 600, seed=4, difficulties=[1, 2, 3])
+    mix = tasks.generate_tasks("train", 600, seed=4, difficulties=[1, 2, 2, 3, 3])
+    share = lambda ts: sum(t.difficulty == 1 for t in ts) / len(ts)
+    # level 1 is drawn more often than 1/3 (harder levels retry more), 1/5 of the draws fewer than that
+    assert 0.45 < share(plain) < 0.62 and 0.30 < share(mix) < 0.44, (share(plain), share(mix))
