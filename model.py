@@ -15,9 +15,9 @@ scales at this size, and untying costs nothing in active compute.
 """
 import math
 import warnings
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
-_COMPILED = weakref.WeakKeyDictionary()   # model -> its compiled trunk for decoding (False: compiling failed)
+_COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
 
 
 @dataclass
@@ -450,16 +450,17 @@ class GPT(nn.Module):
 
     def compiled_trunk(self):
         """trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
-        and the cache grows by a column a step), built once per model; generate's decode steps call
-        it when compile_decode is on. A CPU decode step is a few hundred small ops whose dispatch
-        costs more than their arithmetic; the compiler fuses them into a few dozen kernels, and the
-        MoE layers run every expert densely (MoE.experts_dense) instead of sorting tokens. The
-        weights are graph inputs: an optimizer step needs no recompile. None where compiling failed
-        (e.g. no C++ compiler): generate then decodes eagerly."""
-        trunk = _COMPILED.get(self)
-        if trunk is None:
-            _COMPILED[self] = trunk = torch.compile(self.trunk, dynamic=True)
-        return trunk or None
+        and the cache grows by a column a step); generate's decode steps call it when compile_decode
+        is on. A CPU decode step is a few hundred small ops whose dispatch costs more than their
+        arithmetic; the compiler fuses them into a few dozen kernels, and the MoE layers run every
+        expert densely (MoE.experts_dense) instead of sorting tokens. The unbound GPT.trunk is
+        compiled once, with the model as an argument: the weights are graph inputs (an optimizer
+        step needs no recompile) and nothing cached refers to a model (a compiled bound method
+        would keep its model alive). None where compiling failed (e.g. no C++ compiler): generate
+        then decodes eagerly."""
+        if "trunk" not in _COMPILED:
+            _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
+        return partial(_COMPILED["trunk"], self) if _COMPILED["trunk"] else None
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
@@ -567,7 +568,7 @@ class GPT(nn.Module):
                     if trunk == self.trunk:
                         raise
                     warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
-                    _COMPILED[self], trunk, chosen = False, self.trunk, []
+                    _COMPILED["trunk"], trunk, chosen = False, self.trunk, []
                     h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
                 logits = self.lm_head(h[:, -1]).float()
                 pos += 1

@@ -1,7 +1,9 @@
 """Tests for model.py (CPU, tiny configs, seconds each): timeout 300 python -m pytest tests/test_model.py -q -x"""
+import gc
 import math
 import os
 import sys
+import weakref
 from dataclasses import asdict
 
 import pytest
@@ -484,7 +486,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
         with torch.no_grad():
             for q in model.parameters():
                 q.mul_(1.3)
-    assert M._COMPILED.get(model)                                         # it did compile
+    assert M._COMPILED.get("trunk")                                       # it did compile
     # a multi-turn continuation (agent.run_episodes): each row's cache starts from its past
     first = model.generate(prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
@@ -494,6 +496,11 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
                                   generator=torch.Generator().manual_seed(2), return_routes=True)
     for a, b in zip(cont[False], cont[True]):
         assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
+    # the compiled step is shared, and keeps no model alive (eval.py loads one per checkpoint)
+    gone = weakref.ref(model)
+    del model, first, cont
+    gc.collect()
+    assert gone() is None
 
 
 def test_compiled_decode_falls_back_to_eager(monkeypatch):
@@ -507,8 +514,9 @@ def test_compiled_decode_falls_back_to_eager(monkeypatch):
         return call
     eager = model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0))
     monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(M, "_COMPILED", {})            # as if no earlier test had compiled the step
     monkeypatch.setattr(GPT, "compile_decode", True)
     with pytest.warns(UserWarning, match="decoding eagerly"):
         fast = model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    assert fast == eager and M._COMPILED[model] is False
+    assert fast == eager and M._COMPILED["trunk"] is False
     assert model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0)) == eager
