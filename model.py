@@ -141,8 +141,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # mask=None: plain causal (training, or a prefill without padding); a decode step of one token
-        # without padding attends to the whole cache, so no mask at all.
-        causal = mask is None and q.size(2) == k.size(2)
+        # without padding attends to the whole cache, so no mask at all. (T > 1 first: under
+        # torch.compile T = 1 is a constant there, and the cache length a symbol SDPA cannot take.)
+        causal = mask is None and T > 1 and T == k.size(2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 

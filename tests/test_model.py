@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model as M  # noqa: E402
@@ -496,9 +497,18 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
                                   generator=torch.Generator().manual_seed(2), return_routes=True)
     for a, b in zip(cont[False], cont[True]):
         assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
+    # prompts of one length: no padding, no mask; the step must still compile whole (a symbolic
+    # is_causal once broke the graph at every attention layer)
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    same = {}
+    for on in (False, True):
+        monkeypatch.setattr(GPT, "compile_decode", on)
+        same[on] = model.generate([[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
     # the compiled step is shared, and keeps no model alive (eval.py loads one per checkpoint)
     gone = weakref.ref(model)
-    del model, first, cont
+    del model, first, cont, same
     gc.collect()
     assert gone() is None
 
