@@ -36,7 +36,6 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
@@ -173,7 +172,8 @@ def decode_step_ms(model, prompt, rows, generator, n_new=24):
         model.generate([prompt] * rows, n_new, temperature=1.0, generator=generator)
         t1 = time.perf_counter()
         model.generate([prompt] * rows, 1, temperature=1.0, generator=generator)   # the prefill alone
-    return 1e3 * (2 * t1 - t0 - time.perf_counter()) / (n_new - 1)
+        t2 = time.perf_counter()
+    return 1e3 * ((t1 - t0) - (t2 - t1)) / (n_new - 1)
 
 
 def bench_generation(quick):
@@ -414,60 +414,36 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 
 def bench_compiled(quick):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
-    shape (random weights, a 256-column cache, one thread), eager vs torch.compile (CPU inductor),
-    at 4 and 64 rows, next to the step of GPT.generate itself (decode_step_ms: the same model, a
-    130-token prompt; it also samples and keeps the books). The step is written out here with the
-    model's own modules and one change the compiler needs: every expert runs on every row and the
-    gates (zero off the top-k) weigh them, since grouped_mm has no fp32 kernel under compile; the
-    check of equal outputs is the last line."""
+    shape (random weights, a 130-token prompt in a real KVCache, one thread), the trunk and LM head
+    as GPT.generate calls them: eager vs GPT.compiled_trunk (torch.compile, CPU inductor, dense
+    experts), at 4 and 64 rows; next to the whole step of GPT.generate itself (decode_step_ms: it
+    also samples and keeps the books). The largest logit difference is the last line."""
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).eval()
-    hd, S = cfg.n_embd // cfg.n_head, 256
-
-    def moe_all_experts(m, x):   # MoE.forward's routing, then its dense expert path
-        probs = F.linear(x, m.router.weight).softmax(-1)
-        topi = (probs + m.bias).topk(m.k, dim=-1).indices
-        gates = probs.gather(-1, topi)
-        return m.experts_dense(x, topi, gates / gates.sum(-1, keepdim=True)) + m.shared(x)
-
-    def step(tok, pos, col, mask, ks, vs):   # one token per row; k/v written at cache column col
-        B = tok.size(0)
-        cos, sin = model_mod.rope_cos_sin(pos, hd, cfg.rope_theta)
-        x = model.wte(tok)
-        for blk, kc, vc in zip(model.blocks, ks, vs):
-            a = blk.attn
-            q, k, v = a.qkv(blk.norm1(x)).split([cfg.n_head * hd, cfg.n_kv_head * hd, cfg.n_kv_head * hd], -1)
-            q = model_mod.apply_rope(a.q_norm(q.view(B, 1, cfg.n_head, hd).transpose(1, 2)), cos, sin)
-            k = model_mod.apply_rope(a.k_norm(k.view(B, 1, cfg.n_kv_head, hd).transpose(1, 2)), cos, sin)
-            kc.index_copy_(2, col, k)
-            vc.index_copy_(2, col, v.view(B, 1, cfg.n_kv_head, hd).transpose(1, 2))
-            y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
-            x = x + a.proj(y.transpose(1, 2).reshape(B, 1, -1))
-            h = blk.norm2(x)
-            x = x + (moe_all_experts(blk.mlp, h.view(B, -1)).view_as(h) if blk.is_moe else blk.mlp(h))
-        return model.lm_head(model.norm(x)[:, -1]).float()
-
-    out, worst, g = {}, 0.0, torch.Generator().manual_seed(0)
+    P, g, out, worst = 130, torch.Generator().manual_seed(0), {}, 0.0
     with torch.no_grad(), model_mod.cpu_threads(1):
+        compiled = model.compiled_trunk()
         for rows in (4, 64):
-            args = (torch.randint(0, cfg.vocab_size, (rows, 1)), torch.full((rows, 1), 130), torch.tensor([130]),
-                    torch.ones(rows, 1, 1, S, dtype=torch.bool),
-                    [torch.zeros(rows, cfg.n_kv_head, S, hd) for _ in range(cfg.n_layer)],
-                    [torch.zeros(rows, cfg.n_kv_head, S, hd) for _ in range(cfg.n_layer)])
+            cache = model_mod.KVCache(cfg.n_layer, 256)
+            model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g), torch.arange(P)[None], cache)
+            tok, pos = torch.randint(0, cfg.vocab_size, (rows, 1), generator=g), torch.full((rows, 1), P)
+
+            def step(trunk):   # the cache keeps its length: every call writes column P again
+                cache.pos = P
+                return model.lm_head(trunk(tok, pos, cache)[:, -1]).float()
             t0 = time.perf_counter()
-            compiled = torch.compile(step)
-            compiled(*args)
+            step(compiled)
             out[f"compile_s_{rows}rows"] = time.perf_counter() - t0
-            for name, fn in (("eager", step), ("compiled", compiled)):
-                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: fn(*args), 20 if quick else 100)
-            worst = max(worst, (step(*args) - compiled(*args)).abs().max().item())
-            torch._dynamo.reset()
-            out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, 131)), rows, g) for _ in range(3))
-            print(f"  {rows:2d} rows: GPT.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; written out: eager "
-                  f"{out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
-                  f"(compile {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
+            for name, trunk in (("eager", model.trunk), ("compiled", compiled)):
+                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: step(trunk), 20 if quick else 100)
+            worst = max(worst, (step(model.trunk) - step(compiled)).abs().max().item())
+            out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, P + 1)), rows, g)
+                                                      for _ in range(3))
+            print(f"  {rows:2d} rows: GPT.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
+                  f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
+                  f"(first call {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
     print(f"  largest logit difference compiled vs eager: {worst:.1e}", flush=True)
     return {**out, "compiled_max_abs_diff": worst}
 

@@ -605,7 +605,8 @@ def main(argv=None):
                                                          "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (model.GPT.compile_decode; CPU-tested, compiles once)")
+                   help="decode through torch.compile (model.GPT.compile_decode; CPU-tested; the first decode "
+                        "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
     p.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")

@@ -141,8 +141,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # mask=None: plain causal (training, or a prefill without padding); a decode step of one token
-        # without padding attends to the whole cache, so no mask at all. (T > 1 first: under
-        # torch.compile T = 1 is a constant there, and the cache length a symbol SDPA cannot take.)
+        # without padding attends to the whole cache, so no mask at all. (T > 1 first: a compiled
+        # decode step, T = 1, then never compares T with the cache length, a symbolic bool that
+        # SDPA's is_causal cannot take.)
         causal = mask is None and T > 1 and T == k.size(2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -543,7 +544,8 @@ class GPT(nn.Module):
             b = int(alive[j])
             n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
             pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
-        trunk = (self.compiled_trunk() if self.compile_decode else None) or self.trunk
+        compiled = self.compiled_trunk() if self.compile_decode else None
+        trunk = compiled or self.trunk
         with cpu_threads(self.decode_threads if dev.type == "cpu" else 0):
             for t in range(max_new_tokens):
                 tok, lp = sample(logits, temperature, top_k, top_p, generator)
@@ -565,8 +567,11 @@ class GPT(nn.Module):
                 chosen = []
                 try:
                     h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
-                except Exception as e:   # compiling failed (before anything ran): decode eagerly
-                    if trunk == self.trunk:
+                except Exception as e:
+                    # compiling failed: this step and every later one run eagerly. The failed call wrote
+                    # at most this step's cache column, which the eager call writes again (trunk moves
+                    # cache.pos only at its end).
+                    if trunk is not compiled:
                         raise
                     warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
                     _COMPILED["trunk"], trunk, chosen = False, self.trunk, []

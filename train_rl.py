@@ -47,11 +47,12 @@ from rl import (collate, flatten, group_advantages, kl_k1, length_cost, n_genera
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
-# runs behind these choices are in the README's notes). Train on difficulties 2-3: programs of one
-# hard step, or two or three steps. The small model solves a few percent of those and almost none of
-# the longer ones (a group without a pass carries no gradient). Difficulties 1-3 (half of them
-# one-step programs) taught single steps: held-out one-step pass@1 rose to 0.30, two-step programs
-# fell below the base model, and novel tasks (all two-step at difficulty 2) did not move. lr 3e-4
+# runs behind these choices are in the README's notes). Train on difficulties 1,2-3,2-3: level 1
+# (one-step programs) listed once, 2 and 3 (one hard step, or two or three steps) twice. Without
+# level 1, RL barely moved one-step held-out tasks (most of the near slice); with it as common as
+# the others (1-3), RL learned single steps and answers that stop after one, and two-step programs
+# (all of the novel slice at difficulty 2) fell below the base model. Longer programs are too hard
+# for the small model (a group without a pass carries no gradient). lr 3e-4
 # moved the novel slice more than 2e-4 in the same clock (tuned on eval seed 0). Held-out
 # eval on difficulties 1-2, where the slices are measurable at this size: 560 tasks, so that each
 # slice has at least 256 (near and novel are drawn with equal odds).
@@ -65,7 +66,7 @@ PRESETS = {
                   dynamic_sampling=False, compile_decode=False),
     "cpu": dict(steps=400, max_minutes=13.5, batch_tasks=16, group_size=8, max_new_tokens=96, temperature=1.0,
                 lr=3e-4, warmup_steps=5, micro_batch=32, gen_batch=128, eval_every=100, eval_tasks=560, eval_n=8,
-                eval_temperature=1.0, ckpt_every=20, canary_every=10, difficulties="2-3", eval_difficulties="1-2",
+                eval_temperature=1.0, ckpt_every=20, canary_every=10, difficulties="1,2-3,2-3", eval_difficulties="1-2",
                 dynamic_sampling=True, sandbox_timeout=1.0, compile_decode=False),
     "gpu": dict(steps=400, batch_tasks=64, group_size=16, max_new_tokens=256, temperature=1.0, lr=5e-5,
                 warmup_steps=10, micro_batch=64, gen_batch=512, eval_every=50, eval_tasks=500, eval_n=16,
@@ -92,8 +93,8 @@ g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the
 g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
 g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is generated")
 g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-               help="decode through torch.compile (model.GPT.compile_decode; CPU-tested): 1.3x rollouts once "
-                    "compiled, but compiling costs minutes of a 13.5-minute run on 2 cores (README notes)")
+               help="decode through torch.compile (model.GPT.compile_decode; CPU-tested): ~1.3x the sampling "
+                    "rate once compiled, but the cpu preset did fewer steps in its clock with it (README notes)")
 g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
                     "RNG per task (seed, stream index), so samples do not depend on the rank layout")
