@@ -223,12 +223,12 @@ def bench_generation(quick):
 
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        model_mod.GPT.compile_decode = compiled
+        before, model_mod.GPT.compile_decode = model_mod.GPT.compile_decode, compiled
         try:
             samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                     top_p=1.0, batch_size=128, return_routes=True, generator=g)
         finally:
-            model_mod.GPT.compile_decode = False
+            model_mod.GPT.compile_decode = before
         return sum(len(s["tokens"]) for s in samples)
     forward()   # warm-up
     for h in hooks:

@@ -595,7 +595,8 @@ def main(argv=None):
     p.add_argument("--completions", default=None, help="samples JSONL (task_id, completion) to score; no model")
     p.add_argument("--n-tasks", type=int, help="held-out env test tasks (or first N of --tasks)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the env test split tasks")
-    p.add_argument("--difficulties", default=None, help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5")
+    p.add_argument("--difficulties", default=None, help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5 "
+                                                            "(a level listed twice: drawn twice as often)")
     p.add_argument("--n-samples", type=int, help="samples per test task (pass@k needs n >= k)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")

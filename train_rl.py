@@ -48,12 +48,13 @@ from tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
 # runs behind these choices are in the README's notes). Train on difficulties 1,2-3,2-3: level 1
-# (one-step programs) listed once, 2 and 3 (one hard step, or two or three steps) twice. Without
-# level 1, RL barely moved one-step held-out tasks (most of the near slice); with it as common as
-# the others (1-3), RL learned single steps and answers that stop after one, and two-step programs
-# (all of the novel slice at difficulty 2) fell below the base model. Longer programs are too hard
-# for the small model (a group without a pass carries no gradient). lr 3e-4
-# moved the novel slice more than 2e-4 in the same clock (tuned on eval seed 0). Held-out
+# (one-step programs) listed once, 2 and 3 (one hard step, or two or three steps) twice, so 39% of
+# the tasks are level 1 (harder programs are rejected more often, which redraws the level). Without
+# level 1, RL barely moved one-step held-out tasks (most of the near slice); with more of it (1-3:
+# 55%), RL learned single steps and answers that stop after one, and two-step programs (all of the
+# novel slice at difficulty 2) fell below the base model. Longer programs are too hard for the
+# small model (a group without a pass carries no gradient). lr 3e-4 moved the novel slice more than
+# 2e-4 in the same clock (tuned on eval seed 0). Held-out
 # eval on difficulties 1-2, where the slices are measurable at this size: 560 tasks, so that each
 # slice has at least 256 (near and novel are drawn with equal odds).
 # Dynamic sampling refills groups whose samples all pass or all fail. Stopped by the clock
@@ -99,7 +100,8 @@ g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
                     "RNG per task (seed, stream index), so samples do not depend on the rank layout")
 g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level "
-                                      "listed twice is drawn twice as often, e.g. 1,2-3,2-3")
+                                      "listed twice is drawn twice as often (before rejections of degenerate "
+                                      "programs, which redraw the level), e.g. 1,2-3,2-3")
 g.add_argument("--turns", type=int, default=1, help="attempts per episode: after a failed visible example the model "
                                                      "reads the feedback and tries again (agent.py); 1 = single-shot")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
