@@ -259,8 +259,9 @@ class MoE(nn.Module):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
         FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
         (GPT.compile_decode): the sort, the bincount and grouped_mm (bf16-only under compile) are
-        data-dependent; at a few dozen rows the step's cost is ops, not FLOPs."""
-        w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter(1, topi, gates.to(x.dtype))
+        data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
+        it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
+        w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter_add(1, topi, gates.to(x.dtype))
         a, b = torch.matmul(x, self.w1.to(x.dtype)).chunk(2, -1)                 # (E, N, H) each
         return torch.matmul(F.silu(a) * b * w.T[:, :, None], self.w2.to(x.dtype)).sum(0)
 
