@@ -50,15 +50,16 @@ from tasks import canary_tasks, generate_tasks, parse_difficulties
 # runs behind these choices are in the README's notes). Train on difficulties 1,2-3,2-3: level 1
 # (one-step programs) listed once, 2 and 3 (one hard step, or two or three steps) twice, so 39% of
 # the tasks are level 1 (harder programs are rejected more often, which redraws the level). Without
-# level 1, RL barely moved one-step held-out tasks (most of the near slice); with more of it (1-3:
-# 55%), RL learned single steps and answers that stop after one, and two-step programs (all of the
-# novel slice at difficulty 2) fell below the base model. Longer programs are too hard for the
-# small model (a group without a pass carries no gradient). lr 3e-4 moved the novel slice more than
-# 2e-4 in the same clock (tuned on eval seed 0). Held-out
-# eval on difficulties 1-2, where the slices are measurable at this size: 560 tasks, so that each
-# slice has at least 256 (near and novel are drawn with equal odds).
+# level 1 (2-3), RL moved one-step held-out tasks (most of the near slice) by only ~6 points; with
+# more of it (1-3: 55%), RL learned single steps and answers that stop after one, and two-step
+# programs (all of the novel slice at difficulty 2) fell below the base model. Longer programs are
+# too hard for the small model (a group without a pass carries no gradient). lr 3e-4 moved the
+# novel slice more than 2e-4 with difficulties 2-3 (tuned on eval seed 0). Held-out eval on
+# difficulties 1-2, where the slices are measurable at this size: 560 tasks, so that each slice
+# has at least 256 (near and novel are drawn with equal odds).
 # Dynamic sampling refills groups whose samples all pass or all fail. Stopped by the clock
-# (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch while
+# (--max-minutes; the mix was measured at 158 fixed steps, what the clock fitted on the faster of
+# the README's machines). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch while
 # generating the next only slows generation (`python bench.py rl`).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
