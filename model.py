@@ -17,7 +17,6 @@ import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -459,11 +458,25 @@ class GPT(nn.Module):
         expert densely (MoE.experts_dense) instead of sorting tokens. The unbound GPT.trunk is
         compiled once, with the model as an argument: the weights are graph inputs (an optimizer
         step needs no recompile) and nothing cached refers to a model (a compiled bound method
-        would keep its model alive). None where compiling failed (e.g. no C++ compiler): generate
-        then decodes eagerly."""
+        would keep its model alive). Where compiling fails (e.g. no C++ compiler) it warns once and
+        every later call, of any model, runs the eager trunk."""
         if "trunk" not in _COMPILED:
             _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
-        return partial(_COMPILED["trunk"], self) if _COMPILED["trunk"] else None
+
+        def trunk(idx, pos, cache=None, mask=None, chosen=None):
+            if _COMPILED["trunk"]:
+                n = len(chosen) if chosen is not None else 0
+                try:
+                    return _COMPILED["trunk"](self, idx, pos, cache, mask, chosen=chosen)
+                except Exception as e:
+                    # The failed call wrote at most this step's cache column, which the eager call
+                    # writes again (trunk moves cache.pos only at its end), and maybe some routes.
+                    warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
+                    _COMPILED["trunk"] = False
+                    if chosen is not None:
+                        del chosen[n:]
+            return self.trunk(idx, pos, cache, mask, chosen=chosen)
+        return trunk
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
@@ -545,8 +558,7 @@ class GPT(nn.Module):
             b = int(alive[j])
             n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
             pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
-        compiled = self.compiled_trunk() if self.compile_decode else None
-        trunk = compiled or self.trunk
+        trunk = self.compiled_trunk() if self.compile_decode else self.trunk
         with cpu_threads(self.decode_threads if dev.type == "cpu" else 0):
             for t in range(max_new_tokens):
                 tok, lp = sample(logits, temperature, top_k, top_p, generator)
@@ -566,17 +578,7 @@ class GPT(nn.Module):
                     tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
                 mask = valid[:, None, None, :cache.pos + 1] if padded else None
                 chosen = []
-                try:
-                    h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
-                except Exception as e:
-                    # compiling failed: this step and every later one run eagerly. The failed call wrote
-                    # at most this step's cache column, which the eager call writes again (trunk moves
-                    # cache.pos only at its end).
-                    if trunk is not compiled:
-                        raise
-                    warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
-                    _COMPILED["trunk"], trunk, chosen = False, self.trunk, []
-                    h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
+                h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
                 logits = self.lm_head(h[:, -1]).float()
                 pos += 1
                 if return_routes and nl:
