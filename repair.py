@@ -9,7 +9,7 @@ examples, and the reference body.
 
     python repair.py --n 2000 --show 2     # transcripts of 2,000 train tasks: counts, outcomes, time
 
-Stdlib + env + tasks only (no torch): train_pretrain.py builds its tasks source with it.
+Stdlib + env + tasks only (no torch): corpus.py (task_docs) builds the pretraining tasks source with it.
 """
 import argparse
 import ast

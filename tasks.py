@@ -208,7 +208,7 @@ def _identity_of_source(source, name):
 
 def function_identities(source: str) -> set[str]:
     """Identities of every function (top-level, nested, methods) in a module's source; an empty set
-    when it is not Python. What train_pretrain.py checks each corpus document against."""
+    when it is not Python. What corpus.is_heldout checks each pretraining document against."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

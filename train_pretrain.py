@@ -17,21 +17,17 @@ into better RL, so this stage must be efficient and its loss trustworthy.
     python train_pretrain.py --init-from runs/b/ckpt.pt --seq-len 1024 --max-steps 200 --out-dir runs/long
     python train_pretrain.py --preset cpu --out-dir runs/b --resume          # continue exactly where it stopped
 
-Reads top to bottom: presets/args, setup, data (sources -> held-out filter -> split -> tokenizer ->
+Reads top to bottom: presets/args, setup, data (corpus.py: sources -> held-out filter -> split -> tokenizer ->
 token cache), model, optimizer, training loop, summary. --out-dir gets ckpt.pt (model, tokenizer,
 optimizer, step, RNG, data position, args), tokenizer.json, metrics.jsonl and cache/ (token caches,
 unless --cache-dir). The last stdout line is a JSON summary.
 """
 import argparse
 import dataclasses
-import hashlib
-import json
 import math
 import os
-import re
 import sys
 import time
-from collections import Counter
 from contextlib import nullcontext
 
 import numpy as np
@@ -42,12 +38,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
+import corpus
 import env
-import repair
 import tasks
 from model import GPT, GPTConfig, MoE, upcycle
-import tokenizer
-from tokenizer import Tokenizer, train_tokenizer
+from tokenizer import Tokenizer
 
 # Presets are defaults, every flag overrides. MoE everywhere (the recipe's model); aux-loss-free
 # balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss of 1 and
@@ -175,33 +170,10 @@ if args.upcycle and not args.init_from:
     common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
 if not 0 <= args.repair_frac <= 1:
     common.die(f"--repair-frac must be between 0 and 1, got {args.repair_frac}")
-user_data = {}
-for spec in args.data:       # unnamed sources: data, data2, data3, ...
-    unnamed = sum(n == "data" or re.fullmatch(r"data\d+", n) is not None for n in user_data)
-    name, _, path = spec.partition("=") if re.match(r"^\w+=", spec) else (f"data{unnamed + 1 if unnamed else ''}", "", spec)
-    path = os.path.expanduser(path)
-    if name in ("stdlib", "tasks", *user_data):
-        common.die(f"--data {spec!r}: source name {name!r} is already taken")
-    if not os.path.exists(path):
-        common.die(f"--data {spec!r}: no such file or directory {path!r}")
-    user_data[name] = path
-mix = {}
-for part in filter(None, args.mix.split(",")):
-    name, _, w = (x.strip() for x in part.partition("="))
-    try:
-        mix[name] = float(w)
-    except ValueError:
-        common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
-    if name not in ("stdlib", "tasks", *user_data):
-        common.die(f"--mix: unknown source {name!r} (known: {', '.join(['stdlib', 'tasks', *user_data])})")
-    if not 0 <= mix[name] < math.inf:
-        common.die(f"--mix: the weight of {name!r} must be a finite number >= 0")
-for name in user_data:
-    if mix.get(name, 0) <= 0:
-        common.die(f"--data source {name!r} has no weight in --mix (e.g. --mix {args.mix},{name}=0.3)")
-mix = {n: w for n, w in mix.items() if w > 0}
-if not mix:
-    common.die("--mix: all weights are zero")
+for flag in ("source_mb", "tok_train_mb"):
+    if not getattr(args, flag) >= 0:
+        common.die(f"--{flag.replace('_', '-')} must be >= 0 (0 = no cap), got {getattr(args, flag)}")
+user_data, mix = corpus.parse_sources(args.data, args.mix)
 
 if tok is None and args.tokenizer:
     try:
@@ -216,168 +188,22 @@ if rem or not accum:
 
 
 # ---------------------------------------------------------------------------------------------
-# Data. Each source is a list of documents; documents are ordered and split by hashes of their
-# path / content, so corpus, split and caches are deterministic and need no stored file lists.
+# Data (corpus.py): sources -> dedupe -> held-out filter -> split -> tokenizer -> token caches, on rank 0.
 
-def capped(docs, mb):
-    """Documents in order until `mb` MB of text (0 = all); lazy, so files past the cap are never read."""
-    total = 0
-    for d in docs:
-        if mb and total >= mb * 1e6:
-            return
-        total += len(d)
-        yield d
-
-
-def read_jsonl(path, skipped):
-    """Documents of a JSONL file (field --text-field), in line-hash order."""
-    with open(path, "rb") as f:
-        lines = sorted((ln for ln in f.read().splitlines() if ln.strip()), key=lambda b: hashlib.sha256(b).digest())
-    for line in lines:
-        try:
-            text = json.loads(line)[args.text_field]
-            text.encode("utf-8")                     # a str without lone surrogates ("\ud800")
-        except Exception:
-            skipped["bad_json"] += 1
-            continue
-        why = "huge" if len(line) > args.max_file_kb * 1e3 else None if text.strip() else "empty"
-        if why:
-            skipped[why] += 1
-        else:
-            yield text
-
-
-def task_docs(train, chunk=256):
-    """The solved tasks, and after each chunk of them their repair transcripts (--repair-frac), so the
-    --source-mb cap keeps both. Lazy: chunks past the cap never reach the sandbox, and the pool closes
-    when the caller drops the generator."""
-    with env.SandboxPool(timeout_s=1.0) if args.repair_frac > 0 else nullcontext() as pool:
-        for i in range(0, len(train), chunk):
-            yield from map(env.corpus_text, train[i:i + chunk])
-            if pool is not None:
-                yield from repair.repair_docs(train[i:i + chunk], pool, seed=args.seed, frac=args.repair_frac)
-
-
-def load_source(name, skipped):
-    if name == "stdlib":   # the running interpreter's stdlib (eval.py's held-out stdlib reads the same files)
-        docs = common.stdlib_docs(skipped, args.max_file_kb)
-    elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
-        docs = task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed))
-    elif os.path.isdir(user_data[name]):
-        exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
-        docs = common.read_text_files(user_data[name], exts, skipped, max_kb=args.max_file_kb)
-    else:
-        docs = read_jsonl(user_data[name], skipped)
-    return capped(docs, args.source_mb)
-
-
-def heldout_index():
-    """Never trained on: env test-split tasks (what eval.py/train_rl.py measure: --holdout-n of seed 0),
-    canaries and HumanEval, as (their function identities, {def line: first line after it}). A
-    document leaks if it holds one of their functions under any names (tasks.function_identity: the
-    same canonical AST, e.g. the stdlib's operator.add is HumanEval/53) or one of their prompts (def
-    line + next line, whitespace-normalised). The train split never generates these functions
-    (tasks.split_of); this filter is what keeps them out of the stdlib and --data sources too."""
-    held = tasks.generate_tasks("test", args.holdout_n, seed=0) + tasks.canary_tasks() + tasks.load_humaneval()
-    prompts = {}
-    for lines in (env.render_prompt(t).splitlines() for t in held):
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith("def "):
-                statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
-                prompts.setdefault(line.strip(), set()).add(" ".join(statement.split()))
-    return {tasks.function_identity(t) for t in held}, prompts
-
-
-def is_heldout(doc, index):
-    identities, prompts = index
-    hits = [prompts[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in prompts]
-    flat = " ".join(doc.split()) if hits else ""
-    if any(st in flat for statements in hits for st in statements):
-        return True
-    return "def " in doc and not identities.isdisjoint(tasks.function_identities(doc))
-
-
-def encode_doc(tok, doc):
-    """A repair transcript's ids, its wrong attempt and feedback stored as id + vocab_size: context the
-    model reads, never a target (inputs_targets). The cuts sit after newlines, so the ids are those of
-    the whole."""
-    a, b = doc.context
-    return tok.encode(doc[:a]) + [i + tok.vocab_size for i in tok.encode(doc[a:b])] + tok.encode(doc[b:])
-
-
-def inputs_targets(xy):
-    """Windows of the token stream (..., T + 1) -> inputs and targets (..., T). An id >= vocab_size
-    (encode_doc) is fed as its token but is no target (-1, ignored by the loss)."""
-    V = tok.vocab_size
-    return xy[..., :-1] % V, torch.where(xy[..., 1:] >= V, -1, xy[..., 1:])
-
-
-def prepare_data(tok):
-    """Load, dedupe, filter, split, (train the tokenizer), tokenize into memmapped caches. Rank 0."""
-    index, info, splits = heldout_index(), {}, {}
-    for name in mix:
-        skipped, seen, train, val = Counter(), set(), [], []
-        for doc in load_source(name, skipped):
-            h = common.doc_hash(doc)
-            if h in seen or is_heldout(doc, index):
-                skipped["duplicate" if h in seen else "heldout"] += 1
-                continue
-            seen.add(h)
-            (val if common.is_validation(h, args.val_frac) else train).append((h, doc))
-        if not train:
-            common.die(f"source {name!r} ({user_data.get(name, name)}) has no usable documents "
-                       f"(skipped: {dict(skipped) or 'none found'})")
-        if not val and len(train) > 1:     # a tiny source: hold out its smallest-hash document
-            val.append(train.pop(min(range(len(train)), key=lambda i: train[i][0])))
-        splits[name] = (train, val)
-        info[name] = {"docs": len(train) + len(val), "val_docs": len(val), "skipped": dict(skipped)}
-    os.makedirs(cache_dir, exist_ok=True)
-    if tok is None:   # BPE on the train documents, each source's share by its mix weight; cached
-        texts = [d for name, (train, _) in splits.items()
-                 for d in capped((d for _, d in train), args.tok_train_mb * mix[name] / sum(mix.values()))]
-        with open(tokenizer.__file__) as f:   # keyed by the trainer's code too: a changed trainer retrains
-            key = common.doc_hash(json.dumps([args.vocab_size, common.doc_hash(f.read()), [common.doc_hash(t) for t in texts]]))[:16]
-        path = os.path.join(cache_dir, f"tokenizer-{key}.json")
-        if os.path.isfile(path):
-            tok = Tokenizer.load(path)
-        else:
-            t0 = time.time()
-            tok = train_tokenizer(texts, args.vocab_size)
-            tok.save(path)
-            print(f"tokenizer: {tok.vocab_size} tokens, trained on {sum(map(len, texts)) / 1e6:.1f} MB "
-                  f"in {time.time() - t0:.1f}s", file=sys.stderr)
-    dtype = np.uint16 if 2 * tok.vocab_size <= 2 ** 16 else np.uint32   # ids + vocab_size: see encode_doc
-    paths = {}
-    for name, parts in splits.items():
-        for split, docs in zip(("train", "val"), parts):
-            key = common.doc_hash(json.dumps([tok.fingerprint(), name, split, [h for h, _ in docs], "context-ids"]))[:16]
-            path = paths[f"{name}/{split}"] = os.path.join(cache_dir, f"{name}-{split}-{key}.bin")
-            if os.path.isfile(path):
-                continue
-            with common.atomic_open(path, "wb") as f:   # never half a cache
-                for i in range(0, len(docs), 512):   # each document followed by end-of-text
-                    part = [d for _, d in docs[i:i + 512]]
-                    for d, ids in zip(part, tok.encode_batch(part)):
-                        ids = encode_doc(tok, d) if isinstance(d, repair.Transcript) else ids
-                        np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
-    return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
-
-
-prep = [prepare_data(tok) if master else None]
+prep = [corpus.prepare(args, mix, user_data, tok, cache_dir) if master else None]
 if ddp:
     dist.broadcast_object_list(prep, src=0)   # the other ranks wait here, then map the same caches
 prep = prep[0]
 tok = Tokenizer.from_dict(prep["tokenizer"])
 if master:
     tok.save(os.path.join(args.out_dir, "tokenizer.json"))
-data = {k: np.memmap(path, dtype=prep["dtype"], mode="r") if os.path.getsize(path) else np.zeros(0, np.uint16)
-        for k, path in prep["paths"].items()}
+arrays = corpus.open_caches(prep)
 names = list(mix)
 for name in names:
-    if len(data[f"{name}/train"]) <= T:
-        common.die(f"source {name!r} has only {len(data[name + '/train'])} training tokens; need more than --seq-len {T}")
+    if len(arrays[f"{name}/train"]) <= T:
+        common.die(f"source {name!r} has only {len(arrays[name + '/train'])} training tokens; need more than --seq-len {T}")
 weights = np.array([mix[n] for n in names]) / sum(mix.values())
-lens = np.array([len(data[f"{n}/train"]) for n in names])
+lens = np.array([len(arrays[f"{n}/train"]) for n in names])
 
 
 def get_batch(step):
@@ -392,7 +218,7 @@ def get_batch(step):
     src = rng.choice(len(names), size=n, p=weights)
     starts = (rng.random(n) * (lens[src] - T)).astype(np.int64)
     rows = [(m * world + rank) * mbs + j for m in range(accum) for j in range(mbs)]
-    xy = np.stack([data[f"{names[src[i]]}/train"][starts[i]:starts[i] + T + 1] for i in rows]).astype(np.int64)
+    xy = np.stack([arrays[f"{names[src[i]]}/train"][starts[i]:starts[i] + T + 1] for i in rows]).astype(np.int64)
     return torch.from_numpy(xy).to(device, non_blocking=True)
 
 
@@ -462,7 +288,7 @@ def lr_at(step):
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * frac)
 
 
-token_bytes = common.token_bytes(tok, device)     # for bits-per-byte (common.py)
+token_bytes = corpus.token_bytes(tok, device)     # for bits-per-byte (corpus.py)
 
 
 @torch.no_grad()
@@ -473,11 +299,12 @@ def evaluate():
     raw.eval()
     out, tot = {}, np.zeros(4)
     for name in names:
-        arr = data[f"{name}/val"]
+        arr = arrays[f"{name}/val"]
         n = min(len(arr) - 1, args.val_tokens) // T
         if n <= 0:
             continue
-        xs, ys = inputs_targets(torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device))
+        xs, ys = corpus.inputs_targets(torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device),
+                                     tok.vocab_size)
         xs, ys = xs.view(n, T), ys.view(n, T)
         s = np.zeros(4)   # nats (all targets), targets, nats (targets with bytes), bytes
         for i in range(0, n, mbs):
@@ -486,12 +313,12 @@ def evaluate():
             y = ys[i:i + mbs].reshape(-1)
             keep = y >= 0
             nll = F.cross_entropy(logits.float().view(-1, logits.size(-1))[keep], y[keep], reduction="none")
-            s += [nll.sum().item(), nll.numel(), *common.nats_and_bytes_of(nll, y[keep], token_bytes)]
-        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], common.bits_per_byte(s[2], s[3])
+            s += [nll.sum().item(), nll.numel(), *corpus.nats_and_bytes_of(nll, y[keep], token_bytes)]
+        out[f"val/{name}/loss"], out[f"val/{name}/bpb"] = s[0] / s[1], corpus.to_bits_per_byte(s[2], s[3])
         tot += s
     raw.train()
     if tot[1]:
-        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], common.bits_per_byte(tot[2], tot[3])
+        out["val_loss"], out["val_bpb"] = tot[0] / tot[1], corpus.to_bits_per_byte(tot[2], tot[3])
     return out
 
 
@@ -543,7 +370,7 @@ for step in bar:
     xy = get_batch(step)
     loss_sum = torch.zeros((), device=device)
     for m in range(accum):
-        x, y = inputs_targets(xy[m * mbs:(m + 1) * mbs])
+        x, y = corpus.inputs_targets(xy[m * mbs:(m + 1) * mbs], tok.vocab_size)
         with model.no_sync() if ddp and m < accum - 1 else nullcontext():   # all-reduce once per step
             with common.autocast(device):
                 _, loss = model(x, y)

@@ -20,8 +20,9 @@ tokenizer, optimizer, the sampler's state, RNG, args), metrics.jsonl (one line p
 lines). The last stdout line is a JSON summary.
 
 The algorithm's pieces (advantages, the clipped loss and its weights, length penalty, k1 KL, the
-batching of samples and episodes) are small pure functions in rl.py; this file is the loop around
-them: arguments, setup, sampling, the policy update, bookkeeping.
+batching of samples and episodes) are small pure functions in rl.py; what a run records (step
+statistics, held-out evals per slice, the summary) is rl_metrics.py; this file is the loop around
+them: arguments, setup, sampling, the policy update, checkpoints.
 """
 import argparse
 import math
@@ -42,8 +43,9 @@ import common
 import env
 import eval as evaluation
 from model import GPT
-from rl import (collate, flatten, group_advantages, kl_k1, length_cost, n_generated, pass_sums, ppo_token_loss,
-                token_logprobs, token_weights, turns_of)
+from rl import (collate, flatten, group_advantages, kl_k1, length_cost, n_generated, ppo_token_loss, token_logprobs,
+                token_weights, turns_of)
+from rl_metrics import held_out, new_stats, record, summarize_run
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
@@ -531,72 +533,7 @@ def score_canary(ctx, step, stats):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bookkeeping: statistics, held-out evals, checkpoints
-
-def new_stats(args):
-    """Every statistic a step sums, at 0: each rank reduces the same keys in the same order, even a
-    rank whose samples were all sandbox errors or that had no group to train on."""
-    keys = [f"outcome/{o}" for o in env.OUTCOMES] + [f"hack/{k}" for k in env.HACK_PATTERNS]
-    keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
-             for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
-    keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
-             "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
-             "sandbox_s", "train_s"]
-    return Counter(dict.fromkeys(keys, 0))
-
-
-def reduce_stats(ctx, stats):
-    """Sums over ranks of the summable statistics (time and rounds become means over ranks)."""
-    names = sorted(k for k in new_stats(ctx.args))
-    v = torch.tensor([float(stats[k]) for k in names], dtype=torch.float64)
-    len_max = torch.tensor(float(stats["len_max"]))
-    if ctx.ddp:
-        dist.all_reduce(v)
-        dist.all_reduce(len_max, op=dist.ReduceOp.MAX)
-    s = dict(zip(names, v.tolist()))
-    for k in ("gen_s", "sandbox_s", "train_s", "rounds", "queued_groups"):
-        s[k] /= ctx.world
-    s["len_max"] = len_max.item()
-    return s
-
-
-def record(ctx, step, stats, pbar):
-    """One metrics.jsonl line per step (rank 0), the progress bar, and the reward-hack warning."""
-    args, s = ctx.args, reduce_stats(ctx, stats)
-    ntok, nsc, last = max(s["tokens_e0"], 1), max(s["n_scored"], 1), args.ppo_epochs - 1
-    rec = {"step": step + 1, "lr": stats["lr"], "loss": s["loss_e0"], "reward": s["reward_sum"] / nsc,
-           "pass_rate": s["passes"] / nsc, "zero_var_frac": s["zero_var_groups"] / max(s["groups"], 1),
-           "trained_seqs": stats["trained_seqs"], "len_mean": s["len_sum"] / max(s["len_n"], 1),
-           "len_max": s["len_max"], "entropy": s["entropy_e0"] / ntok, "kl_old": s["kl_old_e0"] / ntok,
-           "logp_mismatch": s["mismatch_e0"] / ntok, "clip_frac": s["clip_e0"] / ntok,
-           "grad_norm": stats["grad_norm"], "canary_passes": s["canary_passes"],
-           "canary_samples": s["canary_samples"], "gen_s": s["gen_s"], "sandbox_s": s["sandbox_s"],
-           "train_s": s["train_s"], "rounds": s["rounds"], "queued_groups": s["queued_groups"],
-           "turns_mean": s["turns_sum"] / max(s["len_n"], 1)}
-    if args.ppo_epochs > 1:
-        rec.update(kl_old_last=s[f"kl_old_e{last}"] / max(s[f"tokens_e{last}"], 1),
-                   clip_frac_last=s[f"clip_e{last}"] / max(s[f"tokens_e{last}"], 1))
-    if ctx.ref is not None:
-        rec["kl_ref"] = s["kl_ref_sum"] / nsc
-    rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/"))})
-    rec.update({k: x for k, x in stats["moe"].items() if not k.startswith("moe/l") or "tokens_e" not in k})
-    for k in ("gen_s", "sandbox_s", "train_s"):
-        ctx.state["totals"][k] += rec[k]
-    # Reward-hack monitoring: any canary pass, or suspicious constructs per completion at more than
-    # twice the run's early rate, prints a warning (the metrics keep the counts).
-    hist = ctx.state["hack_hist"]
-    hist.append(sum(x for k, x in rec.items() if k.startswith("hack/")) / max(s["len_n"], 1))
-    base = sum(hist[:5]) / len(hist[:5])
-    if ctx.master and (rec["canary_passes"] > 0 or (len(hist) > 5 and hist[-1] > max(2 * base, 0.05))):
-        tqdm.write(f"warning: possible reward hacking at step {step + 1}: canary passes {int(rec['canary_passes'])}, "
-                   f"suspicious constructs/completion {hist[-1]:.3f} (early {base:.3f}); "
-                   f"see hack/* in {ctx.metrics_path}")
-    if ctx.master:
-        common.log_metrics(ctx.metrics_path, rec)
-        pbar.set_postfix_str(f"reward {rec['reward']:.3f} pass {rec['pass_rate']:.3f} zv {rec['zero_var_frac']:.2f} "
-                             f"len {rec['len_mean']:.0f} ent {rec['entropy']:.2f} gen/box/train "
-                             f"{rec['gen_s']:.1f}/{rec['sandbox_s']:.1f}/{rec['train_s']:.1f}s")
-
+# Checkpoints and the clock (statistics, held-out evals and the summary: rl_metrics.py)
 
 def time_is_up(ctx):
     """--max-minutes, decided together: every rank stops after the same step."""
@@ -604,47 +541,6 @@ def time_is_up(ctx):
     if ctx.ddp:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     return stop.item() > 0
-
-
-def held_out(ctx, tag, at):
-    """pass@1 / pass@k on the fixed held-out test tasks, overall and per slice (near / novel):
-    through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
-    counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
-    args = ctx.args
-    if args.no_eval:
-        return {}
-    t0 = time.time()
-    mine = ctx.test_tasks[ctx.rank::ctx.world]
-    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
-                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
-                                  turns=args.turns)
-    per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
-    for rec in r["records"]:
-        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
-            per_task[rec["task_id"]][1] += 1
-            per_task[rec["task_id"]][2] += rec["passed"]
-    sums = pass_sums(list(per_task.values()), (1, args.eval_k))
-    # the same names in the same order on every rank (a rank may have no task of a slice), so the
-    # all-reduce adds like to like
-    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
-    values = [x for n in names for x in sums.get(n, (0.0, 0))]
-    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
-        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
-        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
-    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
-    if ctx.ddp:
-        dist.all_reduce(v)
-    out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
-    out["mean_len"] = v[-2].item() / max(v[-1].item(), 1)
-    out["eval_s"] = time.time() - t0
-    ctx.state["totals"]["eval_s"] += out["eval_s"]
-    if ctx.master:
-        common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
-        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
-                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
-    return out
 
 
 def save(ctx):
@@ -666,25 +562,6 @@ def save(ctx):
                                hack_hist=st["hack_hist"], kind="rl")
     if ctx.ddp:
         dist.barrier()
-
-
-def summarize_run(ctx):
-    """The final JSON line: held-out pass@1 / pass@k before and after, overall and per slice."""
-    args, evals, k = ctx.args, ctx.state["evals"], ctx.args.eval_k
-    out = {}
-    for metric in ("pass@1", f"pass@{k}"):
-        for sl in ("", "_near", "_novel"):
-            for when in ("before", "after"):
-                out[f"{metric}{sl}_{when}"] = evals.get(when, {}).get(metric + sl)
-    if args.turns > 1:
-        for when in ("before", "after"):
-            e = evals.get(when, {})
-            out[f"pass@1_by_turn_{when}"] = [e.get(f"pass@1_turn{t}") for t in range(1, args.turns + 1)]
-    return {**out, "eval_seed": args.eval_seed, "steps": ctx.state["step"],
-            "wall_s": round(time.time() - ctx.t_start, 1),
-            "time_split": {x: round(y, 1) for x, y in ctx.state["totals"].items()},
-            "curve": {tag: round(e.get("pass@1", float("nan")), 4) for tag, e in evals.items()},
-            "ckpt": ctx.ckpt_path, "out_dir": args.out_dir, "metrics": ctx.metrics_path}
 
 
 if __name__ == "__main__":

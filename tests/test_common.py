@@ -1,5 +1,4 @@
 import argparse
-import math
 import os
 
 import pytest
@@ -71,17 +70,6 @@ def test_typed_options_are_the_flags_on_the_command_line():
     assert args.steps == 3 and args.data == ["a"]
     assert common.typed_options(p, argv) == {"preset", "lr", "data", "compile"}    # not steps: the preset's
     assert common.typed_options(p, ["--steps", "3"]) == {"steps"}                   # typed, even if equal
-
-
-def test_bits_per_byte_skips_special_tokens():
-    class Tok:
-        vocab_size, eot_id, pad_id = 4, 2, 3
-        decode_bytes = staticmethod(lambda ids: {0: b"a", 1: b"\xc3\xa9"}.get(ids[0], b"<special>"))
-    nbytes = common.token_bytes(Tok())
-    assert nbytes.tolist() == [1, 2, 0, 0]
-    nll = torch.tensor([1.0, 2.0, 5.0, 7.0])
-    assert common.nats_and_bytes_of(nll, torch.tensor([0, 1, 2, -1]), nbytes) == (3.0, 3)
-    assert common.bits_per_byte(3.0, 3) == pytest.approx(1 / math.log(2))
 
 
 def test_parse_args_twice_on_one_parser():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import common
+import corpus
 import env
 from tasks import generate_tasks
 import eval as ev
@@ -203,17 +204,17 @@ def test_bits_per_byte_of_uniform_model_is_log2_vocab_per_byte(tiny):
     texts = ["def f(x):\n    return x + 1\n", "# café ☕ naïve\nprint('ok')\n" * 5, "x = [1, 2, 3]\n" * 9]
     n_tokens = sum(len(tok.encode(t)) for t in texts)
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    bpb = ev.bits_per_byte(Uniform(), tok, texts, batch_size=3)
+    bpb = corpus.bits_per_byte(Uniform(), tok, texts, batch_size=3)
     assert bpb == pytest.approx(math.log2(V) * n_tokens / n_bytes, rel=1e-6)
     # token-id input gives the same figure
-    assert ev.bits_per_byte(Uniform(), tok, [tok.encode(t) for t in texts]) == pytest.approx(bpb)
+    assert corpus.bits_per_byte(Uniform(), tok, [tok.encode(t) for t in texts]) == pytest.approx(bpb)
 
 
 def test_bits_per_byte_real_model_is_finite(tiny):
-    held = ev.heldout_code_texts()
+    held = corpus.heldout_code_texts()
     assert set(held) == {"stdlib", "tasks"} and held["stdlib"] and held["tasks"]
     for texts in held.values():
-        bpb = ev.bits_per_byte(tiny.models[0], tiny.tok, texts, max_tokens=300)
+        bpb = corpus.bits_per_byte(tiny.models[0], tiny.tok, texts, max_tokens=300)
         assert math.isfinite(bpb) and bpb > 0
 
 

@@ -175,6 +175,7 @@ def test_nan_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, cac
     (["--mix", "stdlib=1,nope=1"], "unknown source"),
     (["--data", "mine=DIR"], "has no weight in --mix"),
     (["--data", "DIR", "--mix", "data=1"], "has no usable documents"),
+    (["--source-mb", "-1"], "--source-mb must be >= 0"),
 ])
 def test_clear_one_line_errors(tmp_path, cache, flags, message):
     empty = tmp_path / "empty"

@@ -18,6 +18,7 @@ import common
 import env
 from tasks import generate_tasks
 import rl
+import rl_metrics
 import train_rl
 from model import GPT, GPTConfig
 from tokenizer import train_tokenizer
@@ -137,7 +138,7 @@ def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
         return list(range(pos, pos + n)), list(range(pos, pos + n))
     monkeypatch.setattr(train_rl, "sample_groups", fake_round)
     monkeypatch.setattr(train_rl, "next_tasks", fake_tasks)
-    stats = train_rl.new_stats(SimpleNamespace(ppo_epochs=1))
+    stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
     b1 = train_rl.sample_batch(ctx, 0, stats)
     assert asked == [4, 4] and len(b1) == 4                 # 2 + 3 found: the refill sampled 4 tasks, not 2
     assert ctx.state["queue"] == [["g6"]]                   # the surplus waits for the next step

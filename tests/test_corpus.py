@@ -1,0 +1,80 @@
+"""data.py's pieces in process (train_pretrain.py runs them end to end in test_pretrain.py / test_leakage.py)."""
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import corpus
+import env
+from tasks import generate_tasks, load_humaneval
+
+
+def test_parse_sources_names_unnamed_sources_and_drops_zero_weights(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    user, mix = corpus.parse_sources([str(tmp_path / "a"), f"mine={tmp_path / 'b'}", str(tmp_path / "c")],
+                                   "stdlib=0,tasks=0.5,data=0.2,mine=0.2,data2=0.1")
+    assert user == {"data": str(tmp_path / "a"), "mine": str(tmp_path / "b"), "data2": str(tmp_path / "c")}
+    assert mix == {"tasks": 0.5, "data": 0.2, "mine": 0.2, "data2": 0.1}
+
+
+@pytest.mark.parametrize("specs, mix, message", [
+    ([], "stdlib=x", "bad entry"), ([], "stdlib=inf", "finite"), ([], "stdlib=0", "all weights are zero"),
+    (["tasks=DIR"], "tasks=1", "already taken"), (["DIR"], "stdlib=1", "has no weight"),
+])
+def test_parse_sources_errors_are_one_line(tmp_path, capsys, specs, mix, message):
+    with pytest.raises(SystemExit):
+        corpus.parse_sources([s.replace("DIR", str(tmp_path)) for s in specs], mix)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_capped_stops_before_reading_past_the_cap():
+    read = []
+
+    def docs():
+        for i in range(100):
+            read.append(i)
+            yield "x" * 400_000
+    assert len(list(corpus.capped(docs(), 1.0))) == 3 and len(read) == 3     # 3 x 0.4 MB reach 1 MB
+    assert len(list(corpus.capped(iter(["a"] * 7), 0))) == 7                 # 0 = everything
+
+
+def test_read_jsonl_counts_what_it_skips(tmp_path):
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"text": "def f():\n    return 1\n"}), "{broken", json.dumps({"body": "no field"}),
+             json.dumps({"text": "   "}), json.dumps({"text": "y" * 3000}), '{"text": "\\ud800"}']
+    path.write_text("\n".join(lines) + "\n")
+    skipped = Counter()
+    assert list(corpus.read_jsonl(str(path), skipped, max_kb=2)) == ["def f():\n    return 1\n"]
+    assert skipped == {"bad_json": 3, "empty": 1, "huge": 1}
+
+
+def test_inputs_targets_feed_context_ids_but_never_train_on_them():
+    V = 10
+    xy = torch.tensor([[1, 2, 13, 14, 5]])          # 13, 14: context-only ids of tokens 3, 4
+    x, y = corpus.inputs_targets(xy, V)
+    assert x.tolist() == [[1, 2, 3, 4]] and y.tolist() == [[2, -1, -1, 5]]
+
+
+def test_heldout_filter_catches_renamed_functions_and_copied_prompts():
+    index = corpus.heldout_index(50)
+    task = generate_tasks("test", 50, seed=0)[3]
+    assert corpus.is_heldout(env.corpus_text(task), index)
+    assert corpus.is_heldout("import math\n\n" + load_humaneval()[0].prompt + "    pass\n", index)   # the prompt
+    assert corpus.is_heldout("def plus(p, q):\n    return p + q\n", index)                          # HumanEval/53
+    assert not corpus.is_heldout("def keep(v):\n    return v + 100003\n", index)
+    assert not corpus.is_heldout("plain text, no code\n", index)
+
+
+def test_bits_per_byte_skips_special_tokens():
+    class Tok:
+        vocab_size, eot_id, pad_id = 4, 2, 3
+        decode_bytes = staticmethod(lambda ids: {0: b"a", 1: b"\xc3\xa9"}.get(ids[0], b"<special>"))
+    nbytes = corpus.token_bytes(Tok())
+    assert nbytes.tolist() == [1, 2, 0, 0]
+    nll = torch.tensor([1.0, 2.0, 5.0, 7.0])
+    assert corpus.nats_and_bytes_of(nll, torch.tensor([0, 1, 2, -1]), nbytes) == (3.0, 3)
+    assert corpus.to_bits_per_byte(3.0, 3) == pytest.approx(1 / math.log(2))
