@@ -5,7 +5,6 @@ A small Mixture-of-Experts GPT, one file, read top to bottom.
     model = GPT(config)
     logits, loss = model(idx, targets)             # loss = cross-entropy + MoE auxiliary terms
     outs = model.generate([[1, 2, 3], [4, 5]], max_new_tokens=32, temperature=0.8, return_routes=True)
-    moe = upcycle(dense_model, n_expert=8, top_k=2)  # sparse upcycling: step-0 outputs == dense
 
 Architecture (nanoGPT / nanochat lineage): token embedding -> n_layer pre-norm blocks of
 (causal GQA attention with RoPE and QK-norm) + (dense SwiGLU MLP in the first n_dense_layers,
@@ -16,7 +15,7 @@ scales at this size, and untying costs nothing in active compute.
 import math
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -653,44 +652,3 @@ def sample(logits, temperature, top_k, top_p, generator=None):
     if (tok >= probs.size(-1)).any():   # float rounding at the very top of the cdf
         tok = torch.where(tok >= probs.size(-1), probs.argmax(-1), tok)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-
-# ----------------------------------------------------------------------------------------------
-# Sparse upcycling (Komatsuzaki et al. 2023): a dense checkpoint -> an MoE that starts where it left off
-
-@torch.no_grad()
-def upcycle(dense: GPT, n_expert: int, top_k: int, n_shared_expert: int = 1, noise: float = 0.0,
-            **overrides) -> GPT:
-    """Every expert (routed and shared) becomes a copy of the dense layer's MLP (expert_hidden =
-    the dense MLP width), attention/embeddings/dense layers are copied. The routed gates are
-    renormalised to sum to 1, so identical experts give sum_k g_k MLP(x) = MLP(x) for ANY router;
-    the shared block holds n_shared_expert copies and always fires, so we scale every output
-    projection by 1 / (n_shared_expert + 1): shared + routed = dense exactly (to float rounding).
-    All experts receive gradients from step 0 and diverge because the router sends them different
-    tokens; `noise` (relative, off by default) breaks the symmetry faster at the cost of exactness.
-    overrides: any other GPTConfig field (balance, aux_loss_coef, n_dense_layers, ...)."""
-    dc = dense.config
-    if dc.n_expert != 1:
-        raise ValueError("upcycle expects a dense model (n_expert=1)")
-    H = dc.mlp_hidden
-    cfg = replace(dc, n_expert=n_expert, top_k=top_k, n_shared_expert=n_shared_expert,
-                  expert_hidden=H, dense_hidden=H, **overrides)
-    moe = GPT(cfg).to(dense.lm_head.weight.device)
-    sd, msd = dense.state_dict(), moe.state_dict()
-    moe.load_state_dict({k: sd[k] if k in sd and sd[k].shape == v.shape else v for k, v in msd.items()})
-    scale = 1.0 / (n_shared_expert + 1)
-    for block, dblock in zip(moe.blocks, dense.blocks):
-        if not block.is_moe:
-            continue
-        w1, w2 = dblock.mlp.w1.weight, dblock.mlp.w2.weight       # (2H, D), (D, H)
-        m = block.mlp
-        m.w1.copy_(w1.T.expand_as(m.w1))
-        m.w2.copy_(scale * w2.T.expand_as(m.w2))
-        if noise:
-            m.w1.mul_(1 + noise * torch.randn_like(m.w1))
-            m.w2.mul_(1 + noise * torch.randn_like(m.w2))
-        if m.shared is not None:
-            g, u = w1.chunk(2, 0)
-            m.shared.w1.weight.copy_(torch.cat([g] * n_shared_expert + [u] * n_shared_expert))
-            m.shared.w2.weight.copy_(scale * torch.cat([w2] * n_shared_expert, dim=1))
-    return moe

@@ -23,7 +23,6 @@ optimizer, step, RNG, data position, args), tokenizer.json, metrics.jsonl and ca
 unless --cache-dir). The last stdout line is a JSON summary.
 """
 import argparse
-import dataclasses
 import math
 import os
 import sys
@@ -41,7 +40,8 @@ import common
 import corpus
 import env
 import tasks
-from model import GPT, GPTConfig, MoE, upcycle
+from model import GPT, GPTConfig, MoE
+from surgery import extend_context, upcycle
 from tokenizer import Tokenizer
 
 # Presets are defaults, every flag overrides. MoE everywhere (the recipe's model); aux-loss-free
@@ -233,19 +233,11 @@ else:
         if model.config.n_expert != 1:
             common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
         model = upcycle(model, args.n_expert, args.top_k, args.n_shared_expert, balance=args.balance)
-    cfg = model.config
-    if T > cfg.seq_len and not resume:
-        # Context extension, NTK-aware RoPE scaling (bloc97 2023; Code Llama raises the base for the
-        # same reason): base * s^(d/(d-2)), s = new/old length, d = head dim, stretches the lowest
-        # frequency exactly s times so the longest wavelengths span the new length, while the
-        # highest frequencies (local word order) barely move. A short phase at the new length adapts.
-        d = cfg.n_embd // cfg.n_head
-        theta = cfg.rope_theta * (T / cfg.seq_len) ** (d / (d - 2))
+    if T > model.config.seq_len and not resume:   # context extension (surgery.py)
+        old = model.config
+        model, theta = extend_context(model, T)
         if master:
-            print(f"context extension {cfg.seq_len} -> {T}: rope_theta {cfg.rope_theta:g} -> {theta:g}", file=sys.stderr)
-        sd = model.state_dict()
-        model = GPT(dataclasses.replace(cfg, seq_len=T, rope_theta=theta))
-        model.load_state_dict(sd)   # RoPE is computed on the fly: same weights
+            print(f"context extension {old.seq_len} -> {T}: rope_theta {old.rope_theta:g} -> {theta:g}", file=sys.stderr)
 if tok.vocab_size > model.config.vocab_size:
     common.die(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
 raw = model.to(device)

@@ -12,7 +12,8 @@ import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model as M  # noqa: E402
-from model import GPT, MLP, MoE, GPTConfig, upcycle  # noqa: E402
+from model import GPT, MLP, MoE, GPTConfig  # noqa: E402
+from surgery import extend_context, upcycle  # noqa: E402
 
 TINY = dict(vocab_size=61, seq_len=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
             n_expert=6, top_k=2, n_shared_expert=1, expert_hidden=16, n_dense_layers=1)
@@ -279,6 +280,18 @@ def test_upcycle_reproduces_dense(n_shared):
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     noisy = upcycle(dense, n_expert=4, top_k=2, n_shared_expert=n_shared, noise=0.1).eval()
     assert not torch.allclose(noisy(idx)[0], a, atol=1e-5)
+
+
+def test_extend_context_keeps_weights_and_stretches_the_rope_base():
+    model = tiny()
+    longer, theta = extend_context(model, 4 * model.config.seq_len)
+    d = model.config.n_embd // model.config.n_head
+    assert theta == pytest.approx(model.config.rope_theta * 4 ** (d / (d - 2)))
+    assert (longer.config.seq_len, longer.config.rope_theta) == (4 * model.config.seq_len, theta)
+    for (k, a), (k2, b) in zip(model.state_dict().items(), longer.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    idx = torch.randint(0, 61, (1, 3 * model.config.seq_len))
+    assert torch.isfinite(longer.eval()(idx)[0]).all()      # a context the old model could not take
 
 
 @pytest.mark.parametrize("dispatch", ["auto", "sorted", "grouped", "loop"])
