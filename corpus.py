@@ -167,7 +167,9 @@ def load_source(name, path, skipped, args):
     if name == "stdlib":   # the running interpreter's stdlib (heldout_code_texts reads the same files)
         docs = stdlib_docs(skipped, args.max_file_kb)
     elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
-        docs = task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed), args.repair_frac, args.seed)
+        levels = tasks.parse_difficulties(args.task_difficulties)
+        docs = task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed, difficulties=levels),
+                         args.repair_frac, args.seed)
     elif os.path.isdir(path):
         exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
         docs = read_text_files(path, exts, skipped, max_kb=args.max_file_kb)

@@ -28,7 +28,7 @@ def new_stats(args):
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
              "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
-             "sandbox_s", "train_s"]
+             "sandbox_s", "train_s"] + [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Counter(dict.fromkeys(keys, 0))
 
 
@@ -65,7 +65,7 @@ def record(ctx, step, stats, pbar):
                    clip_frac_last=s[f"clip_e{last}"] / max(s[f"tokens_e{last}"], 1))
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
-    rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/"))})
+    rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})
     rec.update({k: x for k, x in stats["moe"].items() if not k.startswith("moe/l") or "tokens_e" not in k})
     for k in ("gen_s", "sandbox_s", "train_s"):
         ctx.state["totals"][k] += rec[k]

@@ -86,6 +86,8 @@ a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built
 a("--data-ext", default=".py", help="comma list of file extensions read from --data directories")
 a("--text-field", default="text", help="JSON field holding the document in --data JSONL files")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
+a("--task-difficulties", default="", help="difficulty levels of those tasks, as train_rl.py's --difficulties "
+  "(e.g. 1-5: every level equally often); empty = the task world's own mix, mostly 3-4 step programs")
 a("--repair-frac", type=float, help="fraction of those tasks that also get a repair transcript (repair.py: a "
   "wrong body, the sandbox's feedback, the fix); 0 = none")
 a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
@@ -168,6 +170,10 @@ if resume or args.init_from:
         args.seq_len = init.config.seq_len
 if args.upcycle and not args.init_from:
     common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
+try:
+    tasks.parse_difficulties(args.task_difficulties)
+except ValueError as e:
+    common.die(f"--task-difficulties: {e}")
 if not 0 <= args.repair_frac <= 1:
     common.die(f"--repair-frac must be between 0 and 1, got {args.repair_frac}")
 for flag in ("source_mb", "tok_train_mb"):

@@ -384,7 +384,11 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     stats["n_scored"] += len(scored)
     stats["reward_sum"] += rewards.sum().item()
     stats["groups"] += len(set(ids))
-    stats["zero_var_groups"] += len(set(ids)) - len({t for t, k in zip(ids, keep.tolist()) if k})
+    signal = {t for t, k in zip(ids, keep.tolist()) if k}
+    stats["zero_var_groups"] += len(set(ids)) - len(signal)
+    for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
+        stats[f"groups/d{tasks[t].difficulty}"] += 1
+        stats[f"signal/d{tasks[t].difficulty}"] += t in signal
     groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
     for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
         if k:   # only what training needs (queued groups go into the checkpoint)

@@ -1,7 +1,8 @@
-"""data.py's pieces in process (train_pretrain.py runs them end to end in test_pretrain.py / test_leakage.py)."""
+"""corpus.py's pieces in process (train_pretrain.py runs them end to end in test_pretrain.py / test_leakage.py)."""
 import json
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -50,6 +51,17 @@ def test_read_jsonl_counts_what_it_skips(tmp_path):
     skipped = Counter()
     assert list(corpus.read_jsonl(str(path), skipped, max_kb=2)) == ["def f():\n    return 1\n"]
     assert skipped == {"bad_json": 3, "empty": 1, "huge": 1}
+
+
+def test_tasks_source_keeps_to_the_task_difficulties():
+    args = SimpleNamespace(tasks_n=60, seed=0, task_difficulties="1-2", repair_frac=0.0, source_mb=0)
+    docs = list(corpus.load_source("tasks", None, Counter(), args))
+    wanted = generate_tasks("train", 60, seed=0, difficulties=[1, 2])
+    assert {t.difficulty for t in wanted} == {1, 2}
+    assert docs == [env.corpus_text(t) for t in wanted]
+    args.task_difficulties = ""
+    everything = list(corpus.load_source("tasks", None, Counter(), args))
+    assert docs != everything and everything == [env.corpus_text(t) for t in generate_tasks("train", 60, seed=0)]
 
 
 def test_inputs_targets_feed_context_ids_but_never_train_on_them():
