@@ -16,7 +16,8 @@ signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_
 DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
 turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
 feedback is fed, never a target), token_logprobs (the one that runs the model: the policy's
-log-probs of those tokens). Held-out eval: pass_sums (pass@k as sums that combine across ranks).
+log-probs of those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
+eval: pass_sums (pass@k as sums that combine across ranks).
 """
 import torch
 import torch.nn.functional as F
@@ -159,6 +160,15 @@ def token_logprobs(model, idx, tgt, routes, temperature, valid=None):
     with torch.no_grad():
         entropy = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, -(logp_all.exp() * logp_all).sum(-1))
     return logp, entropy
+
+
+def mixed_group_odds(logq, g):
+    """The probability that a group of g samples both passes and fails, if each sample passes with
+    probability q = exp(logq): 1 - q^g - (1 - q)^g. Online difficulty filtering (--prefilter) ranks
+    fresh tasks by it, with q the policy's probability of the reference solution (a lower bound of
+    the pass rate: other bodies pass too), before anything is sampled; 0 at q = 0 and at q = 1."""
+    q = torch.as_tensor(logq, dtype=torch.float64).exp().clamp(0, 1)
+    return 1 - q ** g - (1 - q) ** g
 
 
 def pass_sums(per_task, ks):

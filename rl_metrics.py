@@ -28,7 +28,8 @@ def new_stats(args):
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
              "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
-             "sandbox_s", "train_s"] + [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
+             "sandbox_s", "train_s", "prefilter_s", "prefilter_n", "prefilter_kept",
+             "prefilter_all"] + [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Counter(dict.fromkeys(keys, 0))
 
 
@@ -41,7 +42,7 @@ def reduce_stats(ctx, stats):
         dist.all_reduce(v)
         dist.all_reduce(len_max, op=dist.ReduceOp.MAX)
     s = dict(zip(names, v.tolist()))
-    for k in ("gen_s", "sandbox_s", "train_s", "rounds", "queued_groups"):
+    for k in ("gen_s", "sandbox_s", "train_s", "prefilter_s", "rounds", "queued_groups"):
         s[k] /= ctx.world
     s["len_max"] = len_max.item()
     return s
@@ -63,6 +64,9 @@ def record(ctx, step, stats, pbar):
     if args.ppo_epochs > 1:
         rec.update(kl_old_last=s[f"kl_old_e{last}"] / max(s[f"tokens_e{last}"], 1),
                    clip_frac_last=s[f"clip_e{last}"] / max(s[f"tokens_e{last}"], 1))
+    if args.prefilter > 1:
+        rec.update(prefilter_s=s["prefilter_s"], prefilter_odds_kept=s["prefilter_kept"] / max(s["prefilter_n"], 1),
+                   prefilter_odds_all=s["prefilter_all"] / max(s["prefilter_n"], 1))
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
     rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})

@@ -43,8 +43,8 @@ import common
 import env
 import eval as evaluation
 from model import GPT
-from rl import (collate, flatten, group_advantages, kl_k1, length_cost, n_generated, ppo_token_loss, token_logprobs,
-                token_weights, turns_of)
+from rl import (collate, flatten, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, ppo_token_loss,
+                token_logprobs, token_weights, turns_of)
 from rl_metrics import held_out, new_stats, record, summarize_run
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
@@ -125,6 +125,9 @@ g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction,
                help="replace groups whose correctness does not vary (all pass / all fail) with fresh tasks (DAPO); "
                     "each round samples a full --gen-batch, surplus groups wait one step in a queue")
 g.add_argument("--ds-max-tries", type=int, default=3, help="extra sampling rounds per step for --dynamic-sampling")
+g.add_argument("--prefilter", type=int, default=1, help="online difficulty filtering: draw K x the tasks a round "
+                                                        "needs and keep those the policy's probability of the "
+                                                        "reference solution predicts a mixed group for; 1 = off")
 g.add_argument("--eps-low", type=float, default=0.2, help="PPO clip below: ratio >= 1 - eps_low")
 g.add_argument("--eps-high", type=float, default=0.28, help="PPO clip above: ratio <= 1 + eps_high (clip-higher, "
                                                             "DAPO); only binds with --ppo-epochs > 1 or queued groups")
@@ -206,6 +209,8 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
+    if args.prefilter < 1:
+        common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:
         common.die("--group-size must be >= 2 (advantages are relative to the group)")
     if args.eval_n < args.eval_k and not args.no_eval:
@@ -298,6 +303,37 @@ def next_tasks(ctx, n):
                                      difficulties=ctx.levels, start=len(ctx.stream))
     ctx.state["stream_pos"] = pos + n
     return [ctx.stream[k] for k in keys], keys
+
+
+def prefilter(ctx, tasks, keys, n, stats):
+    """Online difficulty filtering (--prefilter K): train tasks never repeat, so a task's own pass
+    rate is unknown until its group is sampled; predict it instead. One teacher-forced forward pass
+    gives q, the policy's probability of each candidate's reference solution, and the n candidates
+    with the highest mixed_group_odds(log q, G) are kept (in stream order). A dropped task is not
+    revisited. Returns (tasks, keys)."""
+    if len(tasks) <= n:
+        return tasks, keys
+    t0, tok = time.time(), ctx.tok
+    prompts, _ = agent.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
+    bodies = [(tok.encode(t.solution or "") + [tok.eot_id])[:ctx.args.max_new_tokens] for t in tasks]
+    refs = [{"prompt_ids": p, "tokens": b, "logprobs": [0.0] * len(b)} for p, b in zip(prompts, bodies)]
+    logq, was_training = [], ctx.model.training
+    ctx.model.eval()
+    with torch.no_grad():
+        for i in range(0, len(refs), ctx.args.micro_batch):
+            idx, tgt, _, _, valid = collate(refs[i:i + ctx.args.micro_batch], tok.pad_id, 0, 1, False)
+            with common.autocast(ctx.device):
+                lp, _ = token_logprobs(ctx.model, idx.to(ctx.device), tgt.to(ctx.device), None,
+                                       ctx.args.temperature, valid.to(ctx.device))
+            logq.append(lp.sum(-1).double().cpu())
+    ctx.model.train(was_training)
+    odds = mixed_group_odds(torch.cat(logq), ctx.args.group_size)
+    keep = sorted(odds.topk(n).indices.tolist())
+    stats["prefilter_s"] += time.time() - t0
+    stats["prefilter_n"] += n                      # predicted odds of the kept tasks against all candidates
+    stats["prefilter_kept"] += odds[keep].sum().item()
+    stats["prefilter_all"] += odds.mean().item() * n
+    return [tasks[i] for i in keep], [keys[i] for i in keep]
 
 
 def rollout(ctx, tasks, keys, seed, stats):
@@ -413,7 +449,7 @@ def sample_batch(ctx, step, stats):
         if need <= 0:
             break
         n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
-        tasks, keys = next_tasks(ctx, n)
+        tasks, keys = prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
         groups = sample_groups(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
         batch += groups[:need]
         st["queue"] = groups[need:ctx.per_rank + need]

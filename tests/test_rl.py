@@ -121,10 +121,39 @@ def test_pass_sums_weigh_by_tasks_scored():
     assert (a["pass@1"][0] + b["pass@1"][0]) / (a["pass@1"][1] + b["pass@1"][1]) == 0.25
 
 
+def test_mixed_group_odds():
+    odds = rl.mixed_group_odds(torch.tensor([0.5, 0.1, 1.0, 0.0]).log(), 8)
+    assert odds.tolist() == pytest.approx([1 - 2 * 0.5 ** 8, 1 - 0.1 ** 8 - 0.9 ** 8, 0.0, 0.0])
+    assert rl.mixed_group_odds(torch.tensor(0.5).log(), 2).item() == pytest.approx(0.5)
+
+
+def test_prefilter_keeps_the_tasks_likeliest_to_give_a_mixed_group(tiny_ckpt, monkeypatch):
+    # The policy's log-probability of each reference solution is faked (one value per candidate, in
+    # order); the real part is what the prefilter feeds the model and which tasks it keeps.
+    model, tok, _ = common.load_checkpoint(tiny_ckpt, "cpu")
+    q = [1e-4, 0.5, 0.99, 0.2, 1e-3, 0.9999]              # mixed-group odds (G 8): 0.99 and 0.83 are best
+    cands = generate_tasks("train", len(q), seed=0)
+    fed = []
+
+    def fake_logprobs(model, idx, tgt, routes, temperature, valid):
+        fed.extend((tgt >= 0).sum(-1).tolist())
+        rows = [math.log(q[len(fed) - len(idx) + i]) for i in range(len(idx))]
+        return (tgt >= 0) * torch.tensor(rows)[:, None] / (tgt >= 0).sum(-1, keepdim=True), None
+    monkeypatch.setattr(train_rl, "token_logprobs", fake_logprobs)
+    args = SimpleNamespace(max_new_tokens=96, micro_batch=4, temperature=1.0, group_size=8)
+    ctx = SimpleNamespace(model=model, tok=tok, args=args, device=torch.device("cpu"))
+    stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
+    kept, keys = train_rl.prefilter(ctx, cands, [10, 11, 12, 13, 14, 15], 2, stats)
+    assert [t.task_id for t in kept] == [cands[1].task_id, cands[3].task_id] and keys == [11, 13]
+    assert fed == [min(len(tok.encode(t.solution)) + 1, 96) for t in cands]   # each reference body + end-of-text, cut
+    assert stats["prefilter_n"] == 2 and stats["prefilter_kept"] > stats["prefilter_all"]
+    assert train_rl.prefilter(ctx, cands[:2], [0, 1], 2, stats)[1] == [0, 1]    # nothing to choose: all kept
+
+
 def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
     # per rank 4 groups; a generation batch holds 4 tasks (gen_batch 8 / group 2). Fake rounds return
     # named groups: which tasks were asked for, and what the step trains on, is all that is checked.
-    args = SimpleNamespace(dynamic_sampling=True, ds_max_tries=3, gen_batch=8, group_size=2)
+    args = SimpleNamespace(dynamic_sampling=True, ds_max_tries=3, gen_batch=8, group_size=2, prefilter=1)
     ctx = SimpleNamespace(args=args, per_rank=4, rank=0, state={"queue": [], "stream_pos": 0})
     informative = iter([2, 3, 4, 0, 0, 0, 1])       # informative groups found by successive rounds
     asked = []
@@ -261,7 +290,7 @@ def test_smoke_run_end_to_end(tiny_ckpt, tmp_path):
 
 def test_resume_is_exact(tiny_ckpt, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0"] + SIGNAL
+    base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--prefilter", "2"] + SIGNAL
     p = run(base + ["--out-dir", a, "--steps", "3"])
     assert p.returncode == 0, p.stderr[-3000:]
     p = run(base + ["--out-dir", b, "--steps", "2"])
@@ -269,7 +298,7 @@ def test_resume_is_exact(tiny_ckpt, tmp_path):
     p = run(base + ["--out-dir", b, "--steps", "3", "--resume"])
     assert p.returncode == 0, p.stderr[-3000:]
     ra, rb = metrics(a), metrics(b)
-    assert [r["step"] for r in rb] == [1, 2, 3]
+    assert [r["step"] for r in rb] == [1, 2, 3] and all(r["prefilter_odds_kept"] >= 0 for r in ra + rb)
     for x, y in zip(ra, rb):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9)
         assert x["reward"] == pytest.approx(y["reward"], rel=1e-6)
