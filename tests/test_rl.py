@@ -150,6 +150,16 @@ def test_prefilter_keeps_the_tasks_likeliest_to_give_a_mixed_group(tiny_ckpt, mo
     assert train_rl.prefilter(ctx, cands[:2], [0, 1], 2, stats)[1] == [0, 1]    # nothing to choose: all kept
 
 
+def test_prefilter_check_scores_kept_and_dropped_tasks(tiny_ckpt, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import prefilter_check
+    s = prefilter_check.main(["--ckpt", tiny_ckpt, "--n-tasks", "6", "--k", "2", "--max-new-tokens", "8",
+                              "--group-size", "2"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == s
+    assert (s["kept"]["tasks"], s["dropped"]["tasks"], s["all"]["tasks"]) == (3, 3, 6)
+    assert sum(s["all"]["levels"].values()) == 6 and 0 <= s["all"]["mixed"] <= 1
+
+
 def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
     # per rank 4 groups; a generation batch holds 4 tasks (gen_batch 8 / group 2). Fake rounds return
     # named groups: which tasks were asked for, and what the step trains on, is all that is checked.
