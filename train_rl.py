@@ -61,8 +61,8 @@ from tasks import canary_tasks, generate_tasks, parse_difficulties
 # has at least 256 (near and novel are drawn with equal odds).
 # Dynamic sampling refills groups whose samples all pass or all fail; on cpu the prefilter keeps a
 # third of the drawn tasks, those likeliest to give a mixed group (about half the rounds per step:
-# more steps in the clock). Stopped by the clock (--max-minutes). gen_batch = the whole batch: on 2 cores, sandboxing part of a batch while
-# generating the next only slows generation (`python bench.py rl`).
+# more steps in the clock). Stopped by the clock (--max-minutes). gen_batch = the whole batch: on
+# 2 cores, sandboxing part of a batch while generating the next only slows generation (`python bench.py rl`).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
                   warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
@@ -317,17 +317,11 @@ def prefilter(ctx, tasks, keys, n, stats):
     prompts, _ = agent.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
     bodies = [(tok.encode(t.solution or "") + [tok.eot_id])[:ctx.args.max_new_tokens] for t in tasks]
     refs = [{"prompt_ids": p, "tokens": b, "logprobs": [0.0] * len(b)} for p, b in zip(prompts, bodies)]
-    logq, was_training = [], ctx.model.training
+    was_training = ctx.model.training
     ctx.model.eval()
-    with torch.no_grad():
-        for i in range(0, len(refs), ctx.args.micro_batch):
-            idx, tgt, _, _, valid = collate(refs[i:i + ctx.args.micro_batch], tok.pad_id, 0, 1, False)
-            with common.autocast(ctx.device):
-                lp, _ = token_logprobs(ctx.model, idx.to(ctx.device), tgt.to(ctx.device), None,
-                                       ctx.args.temperature, valid.to(ctx.device))
-            logq.append(lp.sum(-1).double().cpu())
+    logq = torch.cat([lp.sum(-1).double().cpu() for _, _, lp in teacher_forced(ctx, ctx.model, refs)])
     ctx.model.train(was_training)
-    odds = mixed_group_odds(torch.cat(logq), ctx.args.group_size)
+    odds = mixed_group_odds(logq, ctx.args.group_size)
     keep = sorted(odds.topk(n).indices.tolist())
     stats["prefilter_s"] += time.time() - t0
     stats["prefilter_n"] += n                      # predicted odds of the kept tasks against all candidates
@@ -370,17 +364,22 @@ def rollout(ctx, tasks, keys, seed, stats):
     return samples, results
 
 
-def ref_kl(ctx, samples):
-    """k1 KL of each sample to the reference model, from the sampler's own log-probs."""
-    kls = []
+def teacher_forced(ctx, model, samples):
+    """Per micro-batch of samples, without gradients: (targets, the sampler's log-probs, `model`'s
+    log-probs of the same tokens). The one no-grad scoring pass: the KL reference and the prefilter."""
+    dev = ctx.device
     with torch.no_grad():
         for i in range(0, len(samples), ctx.args.micro_batch):
             idx, tgt, old, _, valid = collate(samples[i:i + ctx.args.micro_batch], ctx.tok.pad_id, 0, 1, False)
-            with common.autocast(ctx.device):
-                ref_lp, _ = token_logprobs(ctx.ref, idx.to(ctx.device), tgt.to(ctx.device), None,
-                                           ctx.args.temperature, valid.to(ctx.device))
-            kls.append(kl_k1(old.to(ctx.device), ref_lp, (tgt >= 0).to(ctx.device).float()).double().cpu())
-    return torch.cat(kls)
+            with common.autocast(dev):
+                lp, _ = token_logprobs(model, idx.to(dev), tgt.to(dev), None, ctx.args.temperature, valid.to(dev))
+            yield tgt.to(dev), old.to(dev), lp
+
+
+def ref_kl(ctx, samples):
+    """k1 KL of each sample to the reference model, from the sampler's own log-probs."""
+    return torch.cat([kl_k1(old, ref_lp, (tgt >= 0).float()).double().cpu()
+                      for tgt, old, ref_lp in teacher_forced(ctx, ctx.ref, samples)])
 
 
 def sample_groups(ctx, tasks, keys, seed, stats):
