@@ -412,6 +412,24 @@ def test_dynamic_sampling_ignores_length_shaping(tiny_ckpt, tmp_path):
     assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
 
 
+def test_kl_coef_folds_the_reference_kl_into_the_reward(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "SandboxPool", CoinPool)
+    monkeypatch.setattr(env, "extract_completion", lambda text: text)
+    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0",
+            "--steps", "3", "--lr", "1e-2"]
+    train_rl.main(base + ["--out-dir", str(tmp_path / "kl"), "--kl-coef", "0.5"])
+    train_rl.main(base + ["--out-dir", str(tmp_path / "no-kl")])
+    kl, no_kl = metrics(str(tmp_path / "kl")), metrics(str(tmp_path / "no-kl"))
+    assert "kl_ref" not in no_kl[0], "no reference model without --kl-coef"
+    # step 1 samples from the reference itself: KL ~ 0, so the first update is the one without the term
+    assert abs(kl[0]["kl_ref"]) < 1e-4
+    assert kl[0]["loss"] == pytest.approx(no_kl[0]["loss"], rel=1e-3, abs=1e-6)
+    # once the policy has moved, the KL is measurable and is subtracted from every reward (CoinPool: 0/1)
+    assert max(abs(r["kl_ref"]) for r in kl[1:]) > 1e-3
+    for r in kl:
+        assert r["reward"] == pytest.approx(r["pass_rate"] - 0.5 * r["kl_ref"], abs=1e-9)
+
+
 @pytest.mark.parametrize("balance", ["bias", "aux"])
 def test_ddp_two_processes_equal_one(balance, tiny_ckpt, tiny_aux_ckpt, tmp_path):
     # aux: the MoE aux loss scaled up until it is most of the gradient; its term used to be per rank,
