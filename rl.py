@@ -15,7 +15,8 @@ group_stats, group_advantages (Dr. GRPO, Liu et al. 2025; std=True is GRPO, Shao
 signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_loss (PPO with
 DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
 turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
-feedback is fed, never a target), token_logprobs (the one that runs the model: the policy's
+feedback is fed, never a target), pack_groups (collate for single-turn groups, each prompt fed once;
+group_rows, packed_len), token_logprobs (the one that runs the model: the policy's
 log-probs of those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
 eval: pass_sums (pass@k as sums that combine across ranks).
 """
@@ -146,15 +147,74 @@ def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
     return idx, tgt, old, routes, valid
 
 
-def token_logprobs(model, idx, tgt, routes, temperature, valid=None):
+def group_rows(samples):
+    """Indices of the samples that share a prompt (a group, single-turn), one list per prompt."""
+    rows = {}
+    for i, s in enumerate(samples):
+        rows.setdefault(tuple(s["prompt_ids"]), []).append(i)
+    return list(rows.values())
+
+
+def packed_len(samples):
+    """Positions pack_groups feeds for these samples: each prompt once, each sample's tokens[:-1]."""
+    return sum(len(samples[r[0]]["prompt_ids"]) for r in group_rows(samples)) + \
+        sum(len(s["tokens"]) - 1 for s in samples)
+
+
+def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
+    """collate() for single-turn groups without feeding a prompt G times (prompts are ~3/4 of the
+    positions of a cpu-preset step): one row per prompt, the prompt once, then each sample's tokens.
+    A block mask lets a sample's tokens see the prompt and that sample's earlier tokens only, and
+    each sample's positions restart where the prompt ends, so every token gets the logits of
+    collate's layout (float rounding apart; the same gradients). The prompt's last position
+    predicts every sample's first token. The MoE counts each prompt token once as expert load.
+    Returns idx, tgt, old, routes, valid as collate does, except that tgt and old are (B, N), one
+    row per sample (N = most tokens), and a layout for token_logprobs: pos, mask (R, 1, T, T), src."""
+    rows = group_rows(samples)
+    lens = [len(samples[r[0]]["prompt_ids"]) + sum(len(samples[i]["tokens"]) - 1 for i in r) for r in rows]
+    R, T, N = len(rows), max(lens), max(len(s["tokens"]) for s in samples)
+    idx = torch.full((R, T), pad_id, dtype=torch.long)
+    pos = torch.zeros(R, T, dtype=torch.long)
+    seg = torch.full((R, T), -1, dtype=torch.long)      # 0: the prompt, j + 1: sample j's tokens, -1: padding
+    src = torch.zeros(len(samples), N, dtype=torch.long)
+    tgt = torch.full((len(samples), N), -1, dtype=torch.long)
+    old = torch.zeros(len(samples), N)
+    routes = torch.zeros(n_moe_layers, R, T, top_k, dtype=torch.long) if with_routes else None
+    for r, members in enumerate(rows):
+        prompt = samples[members[0]]["prompt_ids"]
+        L = len(prompt)
+        idx[r, :L], pos[r, :L], seg[r, :L] = torch.tensor(prompt), torch.arange(L), 0
+        if with_routes:
+            routes[:, r, :L] = samples[members[0]]["routes"][:, :L]
+        at = L
+        for j, i in enumerate(members):
+            s, n = samples[i], len(samples[i]["tokens"])
+            fed = slice(at, at + n - 1)
+            idx[r, fed], pos[r, fed], seg[r, fed] = torch.tensor(s["tokens"][:-1], dtype=torch.long), \
+                torch.arange(L, L + n - 1), j + 1
+            src[i, :n] = r * T + torch.tensor([L - 1] + list(range(at, at + n - 1)))
+            tgt[i, :n], old[i, :n] = torch.tensor(s["tokens"]), torch.tensor(s["logprobs"])
+            if with_routes:
+                routes[:, r, fed] = s["routes"][:, L:L + n - 1]
+            at += n - 1
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = causal & ((seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None]))
+    return idx, tgt, old, routes, seg >= 0, {"pos": pos, "mask": mask[:, None], "src": src}
+
+
+def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, mask=None, src=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
     distribution generation sampled from (model.generate's logprobs; T = 0 is greedy: plain
     softmax), and the policy's entropy there. Only completion positions go through the LM head and
     the softmax: prompts are most of the tokens, and this halves the cost of a training step on CPU.
-    valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load."""
-    h = model.trunk(idx, torch.arange(idx.size(1), device=idx.device)[None], routes=routes, valid=valid)
+    valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.
+    pos, mask, src: pack_groups' layout (positions, block mask, the flat position that predicts
+    each target); None: collate's (one sample per row, causal, a target's column predicts it)."""
+    pos = torch.arange(idx.size(1), device=idx.device)[None] if pos is None else pos
+    h = model.trunk(idx, pos, mask=mask, routes=routes, valid=valid)
     m = tgt >= 0
-    logp_all = F.log_softmax(model.lm_head(h[m]).float() / (temperature or 1.0), -1)
+    logp_all = F.log_softmax(model.lm_head(h[m] if src is None else h.flatten(0, 1)[src[m]]).float()
+                             / (temperature or 1.0), -1)
     picked = logp_all.gather(-1, tgt[m][:, None]).squeeze(-1)
     logp = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, picked)
     with torch.no_grad():

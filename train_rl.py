@@ -43,8 +43,8 @@ import common
 import env
 import eval as evaluation
 from model import GPT
-from rl import (collate, flatten, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, ppo_token_loss,
-                token_logprobs, token_weights, turns_of)
+from rl import (collate, flatten, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, pack_groups,
+                packed_len, ppo_token_loss, token_logprobs, token_weights, turns_of)
 from rl_metrics import held_out, new_stats, record, summarize_run
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
@@ -135,6 +135,9 @@ g.add_argument("--loss-norm", choices=["constant", "token", "sequence"], default
                help="constant: Dr. GRPO; token: DAPO; sequence: GRPO")
 g.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (1 = on-policy, single epoch)")
 g.add_argument("--micro-batch", type=int, help="sequences per training forward (memory)")
+g.add_argument("--pack-prompts", action=argparse.BooleanOptionalAction, default=True,
+               help="training forward feeds each group's prompt once, not once per sample (rl.pack_groups: "
+                    "the same logits and gradients, float rounding apart); single-turn only")
 g.add_argument("--no-router-replay", dest="router_replay", action="store_false",
                help="train on the router's own choices instead of the experts recorded at generation")
 g.add_argument("--moe-aux-scale", type=float, default=0.0, help="x the model's own MoE aux-loss coefficients "
@@ -285,6 +288,7 @@ def setup(args):
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
         test_tasks=test_tasks, canaries=canary_tasks() if args.canary_every else [],
         per_rank=args.batch_tasks // world, replay=args.router_replay and model.n_moe_layers > 0,
+        pack=args.pack_prompts and args.turns == 1,
         pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())
 
@@ -459,13 +463,31 @@ def sample_batch(ctx, step, stats):
 # ---------------------------------------------------------------------------------------------
 # The policy update
 
-def global_counts(ctx, train):
-    """(sequences, completion tokens, positions (prompt + completion), micro-batches): the first three
-    summed over ranks (the loss denominators are global), the last the max over ranks (every rank runs
-    as many forwards)."""
-    c = torch.tensor([len(train), sum(n_generated(s) for s in train),
-                      sum(len(flatten(s)[0]) for s in train)], dtype=torch.float64)
-    n_mb = torch.tensor(-(-len(train) // ctx.args.micro_batch))
+def micro_batches(ctx, batch):
+    """This step's micro-batches of samples. Packed (--pack-prompts): whole groups, up to
+    --micro-batch samples (at least one group) per micro-batch; else single samples. Sorted by
+    length so a micro-batch pads little (the summed gradient does not care about order)."""
+    mb = ctx.args.micro_batch
+    if not ctx.pack:
+        train = sorted((s for group in batch for s in group), key=lambda s: len(flatten(s)[0]))
+        return [train[i:i + mb] for i in range(0, len(train), mb)]
+    out = []
+    for group in sorted(batch, key=packed_len):
+        if out and len(out[-1]) + len(group) <= mb:
+            out[-1] += group
+        else:
+            out.append(list(group))
+    return out
+
+
+def global_counts(ctx, mbs):
+    """(sequences, completion tokens, positions fed, micro-batches): the first three summed over
+    ranks (the loss denominators are global), the last the max over ranks (every rank runs as many
+    forwards)."""
+    fed = lambda mb: packed_len(mb) if ctx.pack else sum(len(flatten(s)[0]) for s in mb)
+    c = torch.tensor([sum(map(len, mbs)), sum(n_generated(s) for mb in mbs for s in mb),
+                      sum(map(fed, mbs))], dtype=torch.float64)
+    n_mb = torch.tensor(len(mbs))
     if ctx.ddp:
         dist.all_reduce(c)
         dist.all_reduce(n_mb, op=dist.ReduceOp.MAX)
@@ -483,13 +505,19 @@ def micro_batch_loss(ctx, mb, norm, stats, epoch):
     if dummy:
         mb = [{"prompt_ids": [ctx.tok.eot_id], "tokens": [ctx.tok.eot_id], "logprobs": [0.0], "adv": 0.0,
                "routes": torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)}]
-    idx, tgt, old, routes, valid = collate(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay)
+    if ctx.pack:       # each group's prompt fed once (rl.pack_groups)
+        idx, tgt, old, routes, valid, layout = pack_groups(mb, ctx.tok.pad_id, model.n_moe_layers,
+                                                           model.config.top_k, ctx.replay)
+    else:
+        (idx, tgt, old, routes, valid), layout = collate(mb, ctx.tok.pad_id, model.n_moe_layers,
+                                                         model.config.top_k, ctx.replay), {}
     idx, tgt, old, valid = idx.to(dev), tgt.to(dev), old.to(dev), valid.to(dev) & (not dummy)   # dummy: all pads
+    layout = {k: x.to(dev) for k, x in layout.items()}
     adv = torch.tensor([s["adv"] for s in mb], dtype=torch.float32, device=dev)
     mask = (tgt >= 0).float() * (0.0 if dummy else 1.0)
     with common.autocast(dev):
         logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
-                                       args.temperature, valid)
+                                       args.temperature, valid, **layout)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
     # the constant stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a
     # three-turn run, so turns are not confounded with a smaller learning rate
@@ -527,9 +555,8 @@ def update_policy(ctx, batch, step, stats):
     """--ppo-epochs optimizer steps on this step's groups (1 = on-policy: the ratio is 1 and the clip
     never binds, except on queued groups). Every rank takes part, with or without groups of its own."""
     args, t0 = ctx.args, time.time()
-    # sorted by length so a micro-batch pads little (the summed gradient does not care about order)
-    train = sorted((s for group in batch for s in group), key=lambda s: len(flatten(s)[0]))
-    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, train)
+    mbs = micro_batches(ctx, batch)
+    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, mbs)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
     norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
     stats["lr"] = lr_at(step, args)
@@ -540,7 +567,7 @@ def update_policy(ctx, batch, step, stats):
     for epoch in range(args.ppo_epochs if n_seqs else 0):
         ctx.optimizer.zero_grad(set_to_none=True)
         for i in range(n_mb):
-            micro_batch_loss(ctx, train[i * args.micro_batch:(i + 1) * args.micro_batch], norm, stats, epoch)
+            micro_batch_loss(ctx, mbs[i] if i < len(mbs) else [], norm, stats, epoch)
         if ctx.ddp:
             all_reduce_grads(ctx.params)
         gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))

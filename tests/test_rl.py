@@ -228,6 +228,40 @@ def test_router_replay_matches_generation():
     assert all(g is not None and g.abs().sum() > 0 for g in router_grads)
 
 
+def test_packed_groups_give_collates_logprobs_and_gradients():
+    # Two groups of three samples each (prompts of different lengths, samples ending at different
+    # lengths), interleaved: pack_groups feeds each prompt once, collate feeds it per sample.
+    model = tiny_moe()
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 10]] * 3
+    gen = model.generate(prompts, max_new_tokens=10, temperature=1.3, return_routes=True, stop_ids=tuple(range(0, 64, 5)),
+                         generator=torch.Generator().manual_seed(1))
+    samples = [{"prompt_ids": p, **g} for p, g in zip(prompts, gen)]
+    assert len({len(g["tokens"]) for g in gen}) > 1
+    model.train()
+    grads = []
+    for packed in (False, True):
+        if packed:
+            idx, tgt, old, routes, valid, layout = rl.pack_groups(samples, 0, model.n_moe_layers, 2, True)
+            assert idx.shape[0] == 2 and valid.sum() == rl.packed_len(samples) == 7 + 2 + sum(len(g["tokens"]) - 1
+                                                                                   for g in gen)
+        else:
+            (idx, tgt, old, routes, valid), layout = rl.collate(samples, 0, model.n_moe_layers, 2, True), {}
+        model.zero_grad()
+        logp, ent = rl.token_logprobs(model, idx, tgt, routes, 1.3, valid, **layout)
+        m = tgt >= 0
+        assert torch.allclose(logp[m], old[m], atol=1e-4), "replayed logprobs == generation logprobs"
+        (-(logp * m).sum() - ent[m].sum().detach()).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        per_sample = [logp[i][m[i]] for i in range(len(samples))]
+        if not packed:
+            first = per_sample
+    for a, b in zip(first, per_sample):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------
 # The script end to end, from a tiny checkpoint built here (seconds, independent of pretraining)
 
