@@ -171,8 +171,8 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
     Returns idx, tgt, old, routes, valid as collate does, except that tgt and old are (B, N), one
     row per sample (N = most tokens), and a layout for token_logprobs: pos, mask (R, 1, T, T), src."""
     rows = group_rows(samples)
-    lens = [len(samples[r[0]]["prompt_ids"]) + sum(len(samples[i]["tokens"]) - 1 for i in r) for r in rows]
-    R, T, N = len(rows), max(lens), max(len(s["tokens"]) for s in samples)
+    T = max(packed_len([samples[i] for i in r]) for r in rows)
+    R, N = len(rows), max(len(s["tokens"]) for s in samples)
     idx = torch.full((R, T), pad_id, dtype=torch.long)
     pos = torch.zeros(R, T, dtype=torch.long)
     seg = torch.full((R, T), -1, dtype=torch.long)      # 0: the prompt, j + 1: sample j's tokens, -1: padding
