@@ -15,9 +15,10 @@ group_stats, group_advantages (Dr. GRPO, Liu et al. 2025; std=True is GRPO, Shao
 signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_loss (PPO with
 DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
 turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
-feedback is fed, never a target), pack_groups (collate for single-turn groups, each prompt fed once;
-group_rows, packed_len), token_logprobs (the one that runs the model: the policy's
-log-probs of those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
+feedback is fed, never a target), pack_groups (collate for single-turn groups, each prompt fed
+once; group_rows, packed_len), micro_batches and batch_tensors (a step's groups -> the training
+forwards, packed or not), token_logprobs (the one that runs the model: the policy's log-probs of
+those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
 eval: pass_sums (pass@k as sums that combine across ranks).
 """
 import torch
@@ -200,6 +201,32 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     mask = causal & ((seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None]))
     return idx, tgt, old, routes, seg >= 0, {"pos": pos, "mask": mask[:, None], "src": src}
+
+
+def micro_batches(groups, size, pack):
+    """A step's groups -> lists of samples, one list per training forward. pack: whole groups, up to
+    `size` samples (at least one group) each; else single samples, `size` each. Sorted by length so
+    that a micro-batch pads little (the summed gradient does not care about the order)."""
+    if not pack:
+        train = sorted((s for group in groups for s in group), key=lambda s: len(flatten(s)[0]))
+        return [train[i:i + size] for i in range(0, len(train), size)]
+    out = []
+    for group in sorted(groups, key=packed_len):
+        if out and len(out[-1]) + len(group) <= size:
+            out[-1] += group
+        else:
+            out.append(list(group))
+    return out
+
+
+def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
+    """The one place the layout is chosen: pack_groups (pack) or collate. Returns idx, tgt, old,
+    routes, valid and the layout dict for token_logprobs ({} for collate); either way tgt and old
+    hold one row per sample, so (tgt >= 0).sum() counts the generated tokens and valid.sum() the
+    positions fed."""
+    if pack:
+        return pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes)
+    return (*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
 
 
 def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, mask=None, src=None):

@@ -10,7 +10,7 @@ eval.sample_completions -> env.extract_completion -> env.SandboxPool).
     python train_rl.py --init-from CKPT --out-dir DIR --resume      # continue DIR/ckpt.pt exactly
   ablations (one flag each): --adv-std (GRPO advantages), --loss-norm token (DAPO) | sequence (GRPO),
     --no-router-replay, --kl-coef 0.01, --fractional, --len-penalty 0.02, --no-dynamic-sampling,
-    --ppo-epochs 2, --eps-high 0.2 (no clip-higher)
+    --ppo-epochs 2, --eps-high 0.2 (no clip-higher), --no-pack-prompts (each prompt fed per sample)
 
 One step (main() reads as this list): take the next --batch-tasks tasks of the train split (a
 fixed stream, never revisited: single epoch), sample --group-size completions each, score them in
@@ -43,8 +43,8 @@ import common
 import env
 import eval as evaluation
 from model import GPT
-from rl import (collate, flatten, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, pack_groups,
-                packed_len, ppo_token_loss, token_logprobs, token_weights, turns_of)
+from rl import (batch_tensors, collate, group_advantages, kl_k1, length_cost, micro_batches, mixed_group_odds,
+                n_generated, ppo_token_loss, token_logprobs, token_weights, turns_of)
 from rl_metrics import held_out, new_stats, record, summarize_run
 from tasks import canary_tasks, generate_tasks, parse_difficulties
 
@@ -463,30 +463,12 @@ def sample_batch(ctx, step, stats):
 # ---------------------------------------------------------------------------------------------
 # The policy update
 
-def micro_batches(ctx, batch):
-    """This step's micro-batches of samples. Packed (--pack-prompts): whole groups, up to
-    --micro-batch samples (at least one group) per micro-batch; else single samples. Sorted by
-    length so a micro-batch pads little (the summed gradient does not care about order)."""
-    mb = ctx.args.micro_batch
-    if not ctx.pack:
-        train = sorted((s for group in batch for s in group), key=lambda s: len(flatten(s)[0]))
-        return [train[i:i + mb] for i in range(0, len(train), mb)]
-    out = []
-    for group in sorted(batch, key=packed_len):
-        if out and len(out[-1]) + len(group) <= mb:
-            out[-1] += group
-        else:
-            out.append(list(group))
-    return out
-
-
 def global_counts(ctx, mbs):
-    """(sequences, completion tokens, positions fed, micro-batches): the first three summed over
-    ranks (the loss denominators are global), the last the max over ranks (every rank runs as many
-    forwards)."""
-    fed = lambda mb: packed_len(mb) if ctx.pack else sum(len(flatten(s)[0]) for s in mb)
-    c = torch.tensor([sum(map(len, mbs)), sum(n_generated(s) for mb in mbs for s in mb),
-                      sum(map(fed, mbs))], dtype=torch.float64)
+    """(sequences, completion tokens, positions fed, micro-batches), from the step's batch_tensors:
+    the first three summed over ranks (the loss denominators are global), the last the max over
+    ranks (every rank runs as many forwards)."""
+    c = torch.tensor([sum(t[1].size(0) for t in mbs), sum((t[1] >= 0).sum().item() for t in mbs),
+                      sum(t[4].sum().item() for t in mbs)], dtype=torch.float64)
     n_mb = torch.tensor(len(mbs))
     if ctx.ddp:
         dist.all_reduce(c)
@@ -494,26 +476,23 @@ def global_counts(ctx, mbs):
     return c[0].item(), c[1].item(), c[2].item(), int(n_mb)
 
 
-def micro_batch_loss(ctx, mb, norm, stats, epoch):
-    """Forward + backward of one micro-batch; `norm` = global (n_seqs for the loss norm, completion
-    tokens, positions).
-    An empty `mb` (this rank has fewer micro-batches than another) runs a one-row forward at weight
-    zero whose tokens are all padding: with balance="aux" the MoE all-reduces expert loads inside
-    every training forward, so all ranks must run the same number."""
+def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
+    """Forward + backward of one micro-batch: `mb` its batch_tensors, `adv` its samples'
+    advantages, `norm` = global (n_seqs for the loss norm, completion tokens, positions).
+    mb None (this rank has fewer micro-batches than another) runs a one-row forward at weight zero
+    whose tokens are all padding: with balance="aux" the MoE all-reduces expert loads inside every
+    training forward, so all ranks must run the same number."""
     args, model, dev = ctx.args, ctx.model, ctx.device
-    dummy = not mb
+    dummy = mb is None
     if dummy:
-        mb = [{"prompt_ids": [ctx.tok.eot_id], "tokens": [ctx.tok.eot_id], "logprobs": [0.0], "adv": 0.0,
-               "routes": torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)}]
-    if ctx.pack:       # each group's prompt fed once (rl.pack_groups)
-        idx, tgt, old, routes, valid, layout = pack_groups(mb, ctx.tok.pad_id, model.n_moe_layers,
-                                                           model.config.top_k, ctx.replay)
-    else:
-        (idx, tgt, old, routes, valid), layout = collate(mb, ctx.tok.pad_id, model.n_moe_layers,
-                                                         model.config.top_k, ctx.replay), {}
+        eot = ctx.tok.eot_id
+        routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
+        mb, adv = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
+                                ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False), [0.0]
+    idx, tgt, old, routes, valid, layout = mb
     idx, tgt, old, valid = idx.to(dev), tgt.to(dev), old.to(dev), valid.to(dev) & (not dummy)   # dummy: all pads
     layout = {k: x.to(dev) for k, x in layout.items()}
-    adv = torch.tensor([s["adv"] for s in mb], dtype=torch.float32, device=dev)
+    adv = torch.tensor(adv, dtype=torch.float32, device=dev)
     mask = (tgt >= 0).float() * (0.0 if dummy else 1.0)
     with common.autocast(dev):
         logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
@@ -554,8 +533,11 @@ def all_reduce_grads(params):
 def update_policy(ctx, batch, step, stats):
     """--ppo-epochs optimizer steps on this step's groups (1 = on-policy: the ratio is 1 and the clip
     never binds, except on queued groups). Every rank takes part, with or without groups of its own."""
-    args, t0 = ctx.args, time.time()
-    mbs = micro_batches(ctx, batch)
+    args, model, t0 = ctx.args, ctx.model, time.time()
+    parts = micro_batches(batch, args.micro_batch, ctx.pack)    # each group's prompt fed once if packed
+    mbs = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
+           for mb in parts]
+    advs = [[s["adv"] for s in mb] for mb in parts]
     n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, mbs)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
     norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
@@ -563,18 +545,18 @@ def update_policy(ctx, batch, step, stats):
     for group in ctx.optimizer.param_groups:
         group["lr"] = stats["lr"]
     stats["trained_seqs"] = n_seqs
-    ctx.model.train()
+    model.train()
     for epoch in range(args.ppo_epochs if n_seqs else 0):
         ctx.optimizer.zero_grad(set_to_none=True)
         for i in range(n_mb):
-            micro_batch_loss(ctx, mbs[i] if i < len(mbs) else [], norm, stats, epoch)
+            micro_batch_loss(ctx, *((mbs[i], advs[i]) if i < len(mbs) else (None, None)), norm, stats, epoch)
         if ctx.ddp:
             all_reduce_grads(ctx.params)
         gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))
         stats["grad_norm"] += gnorm.item() / args.ppo_epochs
         ctx.optimizer.step()
-        ctx.model.after_optimizer_step()     # aux-free bias update from the (replayed) global-batch loads
-    stats["moe"] = ctx.model.moe_metrics() if ctx.model.n_moe_layers and n_seqs else {}
+        model.after_optimizer_step()     # aux-free bias update from the (replayed) global-batch loads
+    stats["moe"] = model.moe_metrics() if model.n_moe_layers and n_seqs else {}
     stats["train_s"] += time.time() - t0
 
 

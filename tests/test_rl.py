@@ -262,6 +262,24 @@ def test_packed_groups_give_collates_logprobs_and_gradients():
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_micro_batches_keep_groups_whole_and_tensors_count_the_same_either_way():
+    # Three groups: prompts of 4, 2 and 3 tokens, completions of 3 tokens; group sizes 2, 3, 2.
+    s = lambda p, n: {"prompt_ids": list(range(1, p + 1)), "tokens": [7] * n, "logprobs": [-1.0] * n}
+    groups = [[s(4, 3), s(4, 3)], [s(2, 3)] * 3, [s(3, 3), s(3, 3)]]
+    # packed: whole groups sorted by packed length (4 + 2*2 = 8, 2 + 3*2 = 8, 3 + 2*2 = 7), up to `size` samples
+    packed = rl.micro_batches(groups, 3, pack=True)
+    assert packed == [groups[2], groups[0], groups[1]] and [rl.packed_len(mb) for mb in packed] == [7, 8, 8]
+    assert rl.micro_batches(groups, 4, pack=True) == [groups[2] + groups[0], groups[1]]    # 2 + 2 <= 4: one forward
+    # unpacked: single samples sorted by fed length (prompt + 2), 3 per micro-batch
+    flat = rl.micro_batches(groups, 3, pack=False)
+    assert [len(mb) for mb in flat] == [3, 3, 1] and [len(x["prompt_ids"]) for x in flat[0]] == [2, 2, 2]
+    for mbs, pack in ((packed, True), (flat, False)):
+        t = [rl.batch_tensors(mb, 0, 0, 1, False, pack) for mb in mbs]
+        assert sum(x[1].size(0) for x in t) == 7                        # one target row per sample
+        assert sum((x[1] >= 0).sum().item() for x in t) == 7 * 3        # every generated token
+        assert sum(x[4].sum().item() for x in t) == (7 + 8 + 8 if pack else 2 * (4 + 2) + 3 * (2 + 2) + 2 * (3 + 2))
+
+
 # ---------------------------------------------------------------------------------------------
 # The script end to end, from a tiny checkpoint built here (seconds, independent of pretraining)
 
