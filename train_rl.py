@@ -467,8 +467,9 @@ def global_counts(ctx, mbs):
     """(sequences, completion tokens, positions fed, micro-batches), from the step's batch_tensors:
     the first three summed over ranks (the loss denominators are global), the last the max over
     ranks (every rank runs as many forwards)."""
-    c = torch.tensor([sum(t[1].size(0) for t in mbs), sum((t[1] >= 0).sum().item() for t in mbs),
-                      sum(t[4].sum().item() for t in mbs)], dtype=torch.float64)
+    tgts, valids = [t[1] for t in mbs], [t[4] for t in mbs]       # batch_tensors: idx, tgt, old, routes, valid, layout
+    c = torch.tensor([sum(t.size(0) for t in tgts), sum((t >= 0).sum().item() for t in tgts),
+                      sum(v.sum().item() for v in valids)], dtype=torch.float64)
     n_mb = torch.tensor(len(mbs))
     if ctx.ddp:
         dist.all_reduce(c)
@@ -480,8 +481,8 @@ def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
     """Forward + backward of one micro-batch: `mb` its batch_tensors, `adv` its samples'
     advantages, `norm` = global (n_seqs for the loss norm, completion tokens, positions).
     mb None (this rank has fewer micro-batches than another) runs a one-row forward at weight zero
-    whose tokens are all padding: with balance="aux" the MoE all-reduces expert loads inside every
-    training forward, so all ranks must run the same number."""
+    whose tokens are all padding (collate's layout, packed or not): with balance="aux" the MoE
+    all-reduces expert loads inside every training forward, so all ranks must run the same number."""
     args, model, dev = ctx.args, ctx.model, ctx.device
     dummy = mb is None
     if dummy:

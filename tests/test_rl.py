@@ -262,22 +262,36 @@ def test_packed_groups_give_collates_logprobs_and_gradients():
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
-def test_micro_batches_keep_groups_whole_and_tensors_count_the_same_either_way():
-    # Three groups: prompts of 4, 2 and 3 tokens, completions of 3 tokens; group sizes 2, 3, 2.
-    s = lambda p, n: {"prompt_ids": list(range(1, p + 1)), "tokens": [7] * n, "logprobs": [-1.0] * n}
-    groups = [[s(4, 3), s(4, 3)], [s(2, 3)] * 3, [s(3, 3), s(3, 3)]]
-    # packed: whole groups sorted by packed length (4 + 2*2 = 8, 2 + 3*2 = 8, 3 + 2*2 = 7), up to `size` samples
+def test_micro_batches_keep_groups_whole_and_tensors_line_up_with_their_samples():
+    # Three groups: prompts of 4, 2 and 3 tokens; completions of 3 and 1, 5 x 3, 2 x 2 tokens, each
+    # sample with tokens and log-probs of its own, so a sample in the wrong row shows.
+    k = iter(range(100))
+    s = lambda p, n: (lambda j: {"prompt_ids": list(range(1, p + 1)), "tokens": list(range(10 * j, 10 * j + n)),
+                                 "logprobs": [-0.1 * j] * n})(next(k))
+    groups = [[s(4, 3), s(4, 1)], [s(2, 5), s(2, 5), s(2, 5)], [s(3, 2), s(3, 2)]]
+    # packed: whole groups sorted by packed length (4 + 2 + 0 = 6, 2 + 3*4 = 14, 3 + 1 + 1 = 5), up to `size` samples
     packed = rl.micro_batches(groups, 3, pack=True)
-    assert packed == [groups[2], groups[0], groups[1]] and [rl.packed_len(mb) for mb in packed] == [7, 8, 8]
+    assert packed == [groups[2], groups[0], groups[1]] and [rl.packed_len(mb) for mb in packed] == [5, 6, 14]
     assert rl.micro_batches(groups, 4, pack=True) == [groups[2] + groups[0], groups[1]]    # 2 + 2 <= 4: one forward
-    # unpacked: single samples sorted by fed length (prompt + 2), 3 per micro-batch
+    # unpacked: single samples sorted by the length fed (prompt + tokens - 1: 6, 4 | 6, 6, 6 | 4, 4), 3 each
     flat = rl.micro_batches(groups, 3, pack=False)
-    assert [len(mb) for mb in flat] == [3, 3, 1] and [len(x["prompt_ids"]) for x in flat[0]] == [2, 2, 2]
-    for mbs, pack in ((packed, True), (flat, False)):
+    assert flat == [[groups[0][1], groups[2][0], groups[2][1]], [groups[0][0]] + groups[1][:2], groups[1][2:]]
+    for mbs, pack, fed in ((packed, True, 5 + 6 + 14), (flat, False, 6 + 4 + 3 * 6 + 4 + 4)):
         t = [rl.batch_tensors(mb, 0, 0, 1, False, pack) for mb in mbs]
-        assert sum(x[1].size(0) for x in t) == 7                        # one target row per sample
-        assert sum((x[1] >= 0).sum().item() for x in t) == 7 * 3        # every generated token
-        assert sum(x[4].sum().item() for x in t) == (7 + 8 + 8 if pack else 2 * (4 + 2) + 3 * (2 + 2) + 2 * (3 + 2))
+        for mb, (_, tgt, old, _, _, _) in zip(mbs, t):    # row i = sample i: its tokens, its log-probs
+            assert tgt.size(0) == len(mb)
+            for i, x in enumerate(mb):
+                assert tgt[i][tgt[i] >= 0].tolist() == x["tokens"]
+                assert torch.allclose(old[i][tgt[i] >= 0], torch.tensor(x["logprobs"]))
+        assert fed == sum(rl.packed_len(mb) if pack else sum(len(rl.flatten(x)[0]) for x in mb) for mb in mbs)
+        n_tokens = sum(rl.n_generated(x) for g in groups for x in g)
+        assert train_rl.global_counts(SimpleNamespace(ddp=False), t) == (7, n_tokens, fed, len(mbs)) == (7, 23, fed, 3)
+    # an episode of two turns: every token it wrote is a target, the feedback is fed, never a target
+    ep = {"turns": [{"prompt_ids": [1, 2], "tokens": [5, 6], "logprobs": [-1.0, -2.0]},
+                    {"prompt_ids": [3], "tokens": [7, 8, 9], "logprobs": [-3.0, -4.0, -5.0]}]}
+    _, tgt, old, _, valid, layout = rl.batch_tensors([ep], 0, 0, 1, False, False)
+    assert tgt[0][tgt[0] >= 0].tolist() == [5, 6, 7, 8, 9] and old[0][tgt[0] >= 0].tolist() == [-1, -2, -3, -4, -5]
+    assert valid.sum() == len(rl.flatten(ep)[0]) == 2 + 1 + 1 + 2 and rl.n_generated(ep) == 5 and layout == {}
 
 
 # ---------------------------------------------------------------------------------------------
