@@ -16,7 +16,7 @@ signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_
 DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
 turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
 feedback is fed, never a target), pack_groups (collate for single-turn groups, each prompt fed
-once; group_rows, packed_len), micro_batches and batch_tensors (a step's groups -> the training
+once; group_rows, packed_len, block_mask), micro_batches and batch_tensors (a step's groups -> the training
 forwards, packed or not), token_logprobs (the one that runs the model: the policy's log-probs of
 those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
 eval: pass_sums (pass@k as sums that combine across ranks).
@@ -170,7 +170,8 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
     collate's layout (float rounding apart; the same gradients). The prompt's last position
     predicts every sample's first token. The MoE counts each prompt token once as expert load.
     Returns idx, tgt, old, routes, valid as collate does, except that tgt and old are (B, N), one
-    row per sample (N = most tokens), and a layout for token_logprobs: pos, mask (R, 1, T, T), src."""
+    row per sample (N = most tokens), and a layout for token_logprobs: pos, seg (R, T: which part
+    of the row a position belongs to; block_mask makes the mask of it), src."""
     rows = group_rows(samples)
     T = max(packed_len([samples[i] for i in r]) for r in rows)
     R, N = len(rows), max(len(s["tokens"]) for s in samples)
@@ -198,9 +199,16 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
             if with_routes:
                 routes[:, r, fed] = s["routes"][:, L:L + n - 1]
             at += n - 1
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    mask = causal & ((seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None]))
-    return idx, tgt, old, routes, seg >= 0, {"pos": pos, "mask": mask[:, None], "src": src}
+    return idx, tgt, old, routes, seg >= 0, {"pos": pos, "seg": seg, "src": src}
+
+
+def block_mask(seg):
+    """pack_groups' attention mask (R, 1, T, T) from its seg (R, T): causal, and a position sees the
+    prompt (seg 0) and its own sample's tokens only. Built where the forward runs, one micro-batch
+    at a time: a (T, T) mask per row is the largest tensor of a packed step."""
+    T = seg.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()
+    return (causal & ((seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])))[:, None]
 
 
 def micro_batches(groups, size, pack):
@@ -229,15 +237,16 @@ def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
     return (*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
 
 
-def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, mask=None, src=None):
+def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
     distribution generation sampled from (model.generate's logprobs; T = 0 is greedy: plain
     softmax), and the policy's entropy there. Only completion positions go through the LM head and
     the softmax: prompts are most of the tokens, and this halves the cost of a training step on CPU.
     valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.
-    pos, mask, src: pack_groups' layout (positions, block mask, the flat position that predicts
-    each target); None: collate's (one sample per row, causal, a target's column predicts it)."""
+    pos, seg, src: pack_groups' layout (positions, segments for block_mask, the flat position that
+    predicts each target); None: collate's (one sample per row, causal, a target's column predicts it)."""
     pos = torch.arange(idx.size(1), device=idx.device)[None] if pos is None else pos
+    mask = None if seg is None else block_mask(seg)
     h = model.trunk(idx, pos, mask=mask, routes=routes, valid=valid)
     m = tgt >= 0
     logp_all = F.log_softmax(model.lm_head(h[m] if src is None else h.flatten(0, 1)[src[m]]).float()
