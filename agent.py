@@ -5,7 +5,7 @@ sandbox, and if one fails the model reads what failed and writes the body again,
 attempts. The last attempt is judged on the hidden tests. Training (train_rl.py --turns), eval
 (eval.py --turns) and this command run the same episodes (run_episodes); the context of an episode
 is env.render_episode's text at every turn. The sampling helpers eval.sample_completions shares with
-the episodes live here too: encode_prompts, as_sample and generate_streams (two decode streams on CPU).
+the episodes live here too: encode_prompts and as_sample (decoding itself: decode.generate_streams).
 
 Watch a model work through a task, turn by turn (this is the harness of the deployed model), e.g.
 after `TURNS=3 OUT=runs/turns bash run.sh` (a base model that has seen feedback, a context for 3 turns):
@@ -19,15 +19,14 @@ The last stdout line is a JSON summary (passed, turns used, outcome of each atte
 import argparse
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see eval.py
 import torch
 from tqdm import tqdm
 
 import common
+import decode
 import env
-from model import as_prompt_lists, cpu_threads
 from tasks import Task, generate_tasks, parse_difficulties
 
 PRESETS = {
@@ -70,10 +69,11 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                 if not live:
                     break
                 with common.autocast(device):
-                    gens = generate_streams(model, [feeds[j] for j in live], max_new_tokens, temperature=temperature,
-                                            top_k=top_k, top_p=top_p, stop_ids=[tok.eot_id], generator=generator,
-                                            return_routes=return_routes, return_past=more,
-                                            past=[pasts[j] for j in live] if turn else None)
+                    gens = decode.generate_streams(model, [feeds[j] for j in live], max_new_tokens,
+                                                   temperature=temperature, top_k=top_k, top_p=top_p,
+                                                   stop_ids=[tok.eot_id], generator=generator,
+                                                   return_routes=return_routes, return_past=more,
+                                                   past=[pasts[j] for j in live] if turn else None)
                 samples = [as_sample(tok, g, chunk[j], feeds[j], turn == 0 and truncated[chunk[j]])
                            for j, g in zip(live, gens)]
                 hidden = pool.submit_batch([tasks[x["task_idx"]] for x in samples],
@@ -130,35 +130,6 @@ def as_sample(tok, g, task_idx, prompt_ids, prompt_truncated=False):
         if key in g:
             d[key] = g[key]
     return d
-
-
-def generate_streams(model, prompts, max_new_tokens, streams=None, generator=None, past=None, **kw):
-    """model.generate over `streams` Python threads (default GPT.decode_streams on CPU, 1 on GPU),
-    each on a contiguous share of the rows with a random stream of its own and one torch thread. A
-    CPU decode step is a few hundred small ops: too small to split across OpenMP threads (a thread
-    woken for each op costs more than it gives), but each op releases the GIL, so two independent
-    batches decode side by side (bench.py generation). Rows of one prompt stay in one share (its
-    prefill is shared). The samples depend on the number of streams, as they depend on the batch;
-    each row's distribution does not. Same arguments and outputs as GPT.generate. One stream (plain
-    generate) on GPU and under 16 rows per stream."""
-    prompts = as_prompt_lists(prompts)
-    n = len(prompts)
-    streams = max(1, min(model.decode_streams if streams is None else streams, n // 16))
-    if next(model.parameters()).device.type != "cpu" or model.decode_threads != 1:
-        streams = 1   # a GPU: one batch fills it; decode_threads > 1: the streams would oversubscribe the cores
-    starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
-    # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
-    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
-    if len(bounds) <= 2 or max_new_tokens <= 0:
-        return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
-    seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
-
-    def share(i):
-        a, b = bounds[i], bounds[i + 1]
-        g = torch.Generator().manual_seed(seeds[i])
-        return model.generate(prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
-    with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
-        return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
 
 
 def context_ids(episode):

@@ -52,6 +52,13 @@ def best_time(fn, reps):
     return best
 
 
+def eager_generate(model, *args, **kw):
+    """GPT.generate (one eager batch) on the torch threads the decode paths use (decode.THREADS)."""
+    import decode
+    with decode.cpu_threads(decode.THREADS):
+        return model.generate(*args, **kw)
+
+
 # --------------------------------------------------------------------------------------------- model
 
 def bench_model(quick):
@@ -91,7 +98,7 @@ def bench_model(quick):
     model = moe.eval()
     Bg, P, N = 4, 32, 256
     prompts = [list(range(1 + i, P + 1 + i)) for i in range(Bg)]
-    t_kv = best_time(lambda: model.generate(prompts, N, temperature=0), 1 if quick else 3)
+    t_kv = best_time(lambda: eager_generate(model, prompts, N, temperature=0), 1 if quick else 3)
 
     @torch.no_grad()
     def recompute(steps):
@@ -124,11 +131,11 @@ def bench_model(quick):
 
     def batched():
         g.manual_seed(1)
-        return model.generate([p for p in ps for _ in range(8)], Ng, temperature=1.0, stop_ids=stop, generator=g)
+        return eager_generate(model, [p for p in ps for _ in range(8)], Ng, temperature=1.0, stop_ids=stop, generator=g)
 
     def one_at_a_time():
         g.manual_seed(1)
-        return [o for p in ps for o in model.generate([p] * 8, Ng, temperature=1.0, stop_ids=stop, generator=g)]
+        return [o for p in ps for o in eager_generate(model, [p] * 8, Ng, temperature=1.0, stop_ids=stop, generator=g)]
     t0 = time.perf_counter(); ob = batched(); t_b = time.perf_counter() - t0
     t0 = time.perf_counter(); o1 = one_at_a_time(); t_1 = time.perf_counter() - t0
     rate_b, rate_1 = sum(len(o["tokens"]) for o in ob) / t_b, sum(len(o["tokens"]) for o in o1) / t_1
@@ -146,7 +153,7 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    agent.generate_streams. Returns the hook handles."""
+    decode.generate_streams. Returns the hook handles."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
     hazard[-1] = 1.0 - 1e-9
@@ -167,8 +174,8 @@ def eot_at_lengths(model, eot, lengths):
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
     """One step of GPT.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
     end-of-text, so no row retires): ms, on one thread, the prefill subtracted."""
-    import model as model_mod
-    with model_mod.cpu_threads(1):
+    import decode
+    with decode.cpu_threads(1):
         t0 = time.perf_counter()
         model.generate([prompt] * rows, n_new, temperature=1.0, generator=generator)
         t1 = time.perf_counter()
@@ -188,9 +195,9 @@ def bench_generation(quick):
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep."""
     import common
+    import decode
     import env
     import eval as evaluation
-    import model as model_mod
     import tasks
     with tempfile.TemporaryDirectory() as tmp:
         run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "1", "--lr", "0",
@@ -213,23 +220,23 @@ def bench_generation(quick):
         return x.numel()
 
     def forward_1thread():
-        with model_mod.cpu_threads(1):
+        with decode.cpu_threads(1):
             return forward()
 
     def generate():
         g.manual_seed(1)
-        outs = model.generate([p for p in prompts for _ in range(8)], 96, temperature=1.0,
+        outs = eager_generate(model, [p for p in prompts for _ in range(8)], 96, temperature=1.0,
                               stop_ids=[tok.eot_id], generator=g, return_routes=True)
         return sum(len(o["tokens"]) for o in outs)
 
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        before, model_mod.GPT.compile_decode = model_mod.GPT.compile_decode, compiled
+        before, decode.COMPILE = decode.COMPILE, compiled
         try:
             samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                     top_p=1.0, batch_size=128, return_routes=True, generator=g)
         finally:
-            model_mod.GPT.compile_decode = before
+            decode.COMPILE = before
         return sum(len(s["tokens"]) for s in samples)
     forward()   # warm-up
     for h in hooks:
@@ -421,16 +428,17 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 130-token prompt in a real KVCache, one thread), the trunk and LM head
-    as GPT.generate calls them: eager vs GPT.compiled_trunk (torch.compile, CPU inductor, dense
+    as GPT.generate calls them: eager vs decode.compiled_trunk (torch.compile, CPU inductor, dense
     experts), at 4 and 64 rows; next to the whole step of GPT.generate itself (decode_step_ms: it
     also samples and keeps the books). The largest logit difference is the last line."""
+    import decode
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).eval()
     P, g, out, worst = 130, torch.Generator().manual_seed(0), {}, 0.0
-    with torch.no_grad(), model_mod.cpu_threads(1):
-        compiled = model.compiled_trunk()
+    with torch.no_grad(), decode.cpu_threads(1):
+        compiled = decode.compiled_trunk(model)
         for rows in (4, 64):
             cache = model_mod.KVCache(cfg.n_layer, 256)
             model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g), torch.arange(P)[None], cache)

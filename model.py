@@ -13,8 +13,6 @@ Embeddings are UNTIED (as in nanochat / Llama): the input table and the output h
 scales at this size, and untying costs nothing in active compute.
 """
 import math
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +21,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
-_COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
 
 
 @dataclass
@@ -202,7 +199,7 @@ class MoE(nn.Module):
         static) but is neither counted as load nor part of the balancing terms: right-padding routed
         to expert 0 would otherwise make expert 0 look overloaded and push its bias down. chosen: a
         list this call's experts are appended to (generate reads them there, not from self.topi,
-        so that generate calls may run side by side in threads: agent.generate_streams)."""
+        so that generate calls may run side by side in threads: decode.generate_streams)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
@@ -256,7 +253,7 @@ class MoE(nn.Module):
     def experts_dense(self, x, topi, gates):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
         FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
-        (GPT.compile_decode): the sort, the bincount and grouped_mm (bf16-only under compile) are
+        (decode.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
         data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
         it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
         w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter_add(1, topi, gates.to(x.dtype))
@@ -322,16 +319,6 @@ class Block(nn.Module):
 # The model
 
 class GPT(nn.Module):
-    # torch threads for generation's decode steps on CPU (0: leave torch's setting). A class
-    # attribute like MoE.dispatch: it changes speed, and float rounding only (log-probs move by
-    # ~1e-6, the thread count splits the reductions differently). See cpu_threads.
-    decode_threads = 1
-    decode_streams = 2   # agent.generate_streams' threads on CPU (this machine's 2 cores)
-    # Decode through torch.compile(trunk) (see compiled_trunk): a speed path around the eager
-    # step, float rounding apart the same samples. Off by default: compiling (and recompiling for
-    # new shapes) takes minutes on 2 cores; train_rl.py / eval.py --compile-decode turn it on.
-    compile_decode = False
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -449,37 +436,9 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------
     # Generation with a batched KV cache
 
-    def compiled_trunk(self):
-        """trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
-        and the cache grows by a column a step); generate's decode steps call it when compile_decode
-        is on. A CPU decode step is a few hundred small ops whose dispatch costs more than their
-        arithmetic; the compiler fuses them into a few dozen kernels, and the MoE layers run every
-        expert densely (MoE.experts_dense) instead of sorting tokens. The unbound GPT.trunk is
-        compiled once, with the model as an argument: the weights are graph inputs (an optimizer
-        step needs no recompile) and nothing cached refers to a model (a compiled bound method
-        would keep its model alive). Where compiling fails (e.g. no C++ compiler) it warns once and
-        every later call, of any model, runs the eager trunk."""
-        if "trunk" not in _COMPILED:
-            _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
-
-        def trunk(idx, pos, cache=None, mask=None, chosen=None):
-            if _COMPILED["trunk"]:
-                n = len(chosen) if chosen is not None else 0
-                try:
-                    return _COMPILED["trunk"](self, idx, pos, cache, mask, chosen=chosen)
-                except Exception as e:
-                    # The failed call wrote at most this step's cache column, which the eager call
-                    # writes again (trunk moves cache.pos only at its end), and maybe some routes.
-                    warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
-                    _COMPILED["trunk"] = False
-                    if chosen is not None:
-                        del chosen[n:]
-            return self.trunk(idx, pos, cache, mask, chosen=chosen)
-        return trunk
-
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
-                 generator=None, return_routes=False, past=None, return_past=False) -> list[dict]:
+                 generator=None, return_routes=False, past=None, return_past=False, trunk=None) -> list[dict]:
         """Sample a continuation for each prompt, all in one batch. prompts: lists of token ids (any
         lengths), or a (B, T) integer tensor of B prompts (as nanoGPT's generate takes).
 
@@ -502,7 +461,8 @@ class GPT(nn.Module):
         Returns per prompt {"tokens", "logprobs"[, "routes"][, "past"]}: logprobs under
         softmax(logits / T) before top-k/top-p (T = 0: greedy, plain softmax); routes (n_moe_layers,
         L - 1, top_k) are the experts of every token this call fed (prompt + tokens[:-1]), for router
-        replay."""
+        replay. trunk: the function each decode step calls instead of self.trunk, same arguments and
+        result (decode.compiled_trunk: a speed path; the prefill always runs self.trunk)."""
         prompts = as_prompt_lists(prompts)
         dev, nl, k = self.lm_head.weight.device, self.n_moe_layers, self.config.top_k
         if past is not None and len(past) != len(prompts):
@@ -557,31 +517,30 @@ class GPT(nn.Module):
             b = int(alive[j])
             n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
             pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
-        trunk = self.compiled_trunk() if self.compile_decode else self.trunk
-        with cpu_threads(self.decode_threads if dev.type == "cpu" else 0):
-            for t in range(max_new_tokens):
-                tok, lp = sample(logits, temperature, top_k, top_p, generator)
-                tokens[alive, t], logprobs[alive, t] = tok, lp
-                hit = torch.isin(tok, stop) & ~done
-                n_out[alive] = torch.where(hit, t + 1, n_out[alive])
-                done |= hit
-                n_done = int(done.sum())
-                if n_done == len(alive) or t == max_new_tokens - 1:
-                    break
-                if 8 * n_done >= len(alive):   # retire finished rows
-                    if return_past:
-                        for j in done.nonzero().squeeze(1).tolist():
-                            keep_past(j)
-                    keep = (~done).nonzero().squeeze(1)
-                    cache.select(keep)
-                    tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
-                mask = valid[:, None, None, :cache.pos + 1] if padded else None
-                chosen = []
-                h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
-                logits = self.lm_head(h[:, -1]).float()
-                pos += 1
-                if return_routes and nl:
-                    routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
+        trunk = trunk or self.trunk
+        for t in range(max_new_tokens):
+            tok, lp = sample(logits, temperature, top_k, top_p, generator)
+            tokens[alive, t], logprobs[alive, t] = tok, lp
+            hit = torch.isin(tok, stop) & ~done
+            n_out[alive] = torch.where(hit, t + 1, n_out[alive])
+            done |= hit
+            n_done = int(done.sum())
+            if n_done == len(alive) or t == max_new_tokens - 1:
+                break
+            if 8 * n_done >= len(alive):   # retire finished rows
+                if return_past:
+                    for j in done.nonzero().squeeze(1).tolist():
+                        keep_past(j)
+                keep = (~done).nonzero().squeeze(1)
+                cache.select(keep)
+                tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
+            mask = valid[:, None, None, :cache.pos + 1] if padded else None
+            chosen = []
+            h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
+            logits = self.lm_head(h[:, -1]).float()
+            pos += 1
+            if return_routes and nl:
+                routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
         if return_past:
             for j in range(len(alive)):
                 keep_past(j)
@@ -609,22 +568,6 @@ def as_prompt_lists(prompts):
         return [p.tolist() if torch.is_tensor(p) else [int(t) for t in p] for p in prompts]
     except (TypeError, ValueError):
         raise ValueError("generate: prompts must be a (B, T) integer tensor or a list of token-id lists") from None
-
-
-@contextmanager
-def cpu_threads(n):
-    """Run the block with n torch threads (0: unchanged; the setting is process-wide). A decode step
-    is a few hundred small ops; with idle OpenMP threads asleep (OMP_WAIT_POLICY=PASSIVE, set by
-    the scripts so that they leave the cores to the sandbox workers) waking a second thread for
-    each op costs more than it gives, so decode runs on one thread, and agent.generate_streams puts
-    the second core to work on a second batch instead."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def sample(logits, temperature, top_k, top_p, generator=None):

@@ -3,7 +3,7 @@
     python experiments/prefilter_check.py --ckpt runs/cpu/pretrain/ckpt.pt             # ~1.5 min on 2 cores
     python experiments/prefilter_check.py --ckpt runs/cpu/rl/ckpt.pt --n-tasks 768 --k 4
 
-Draws --n-tasks train tasks of the --difficulties mix, lets train_rl.prefilter keep 1/K of them (the tasks
+Draws --n-tasks train tasks of the --difficulties mix, lets rollouts.prefilter keep 1/K of them (the tasks
 whose reference solution's probability under the model predicts a mixed group), then samples --group-size
 completions for EVERY task and scores them in the sandbox: the share of mixed groups (some pass, some fail),
 all-pass groups and the pass rate among the kept and the dropped tasks. Ends with one JSON line.
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import common  # noqa: E402
 import env  # noqa: E402
 import eval as evaluation  # noqa: E402
-import train_rl  # noqa: E402
+import rollouts  # noqa: E402
 from tasks import generate_tasks, parse_difficulties  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,7 +52,7 @@ def main(argv=None):
     rl_args = SimpleNamespace(max_new_tokens=args.max_new_tokens, micro_batch=32, temperature=args.temperature,
                               group_size=args.group_size)
     ctx = SimpleNamespace(model=model, tok=tok, args=rl_args, device=torch.device("cpu"))
-    _, kept = train_rl.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
+    _, kept = rollouts.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
     kept = set(kept)
     samples = evaluation.sample_completions(model, tok, tasks, n=args.group_size, temperature=args.temperature,
                                             max_new_tokens=args.max_new_tokens, batch_size=128,

@@ -13,7 +13,8 @@ sys.path.insert(0, ROOT)
 import agent  # noqa: E402
 import common  # noqa: E402
 import env  # noqa: E402
-from model import GPT, GPTConfig, cpu_threads  # noqa: E402
+import decode  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from tasks import Task, generate_tasks, load_humaneval  # noqa: E402
 from tokenizer import train_tokenizer  # noqa: E402
 
@@ -52,7 +53,7 @@ def test_generate_streams_is_generate_per_share():
 
     def per_share(prompts, n, seed, past=None):
         seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-        with cpu_threads(1):   # as the streams run (the thread count moves float rounding)
+        with decode.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
             return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
                     for o in model.generate(prompts[a:b], n, generator=torch.Generator().manual_seed(s),
                                             past=past[a:b] if past else None, **kw)]
@@ -64,16 +65,17 @@ def test_generate_streams_is_generate_per_share():
             assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
     g = torch.Generator()
     for _ in range(3):   # threads interleave differently each time
-        first = agent.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
+        first = decode.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
         same(first, per_share(prompts, 8, 0))
     feeds = [[7, 7]] * 48
     pasts = [o["past"] for o in first]
-    same(agent.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
+    same(decode.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
          per_share(feeds, 5, 1, pasts))
     # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
-        one = agent.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-        assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
+        one = decode.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        with decode.cpu_threads(1):
+            assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
 def test_visible_tests_are_the_docstring_examples():

@@ -11,6 +11,7 @@ import torch
 import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import decode  # noqa: E402
 import model as M  # noqa: E402
 from model import GPT, MLP, MoE, GPTConfig  # noqa: E402
 from surgery import extend_context, upcycle  # noqa: E402
@@ -408,17 +409,15 @@ def test_generate_takes_a_tensor_of_prompts():
             model.generate(bad, 2)
 
 
-def test_decode_threads_changes_speed_not_samples():
+def test_decode_threads_changes_speed_not_samples(monkeypatch):
     model = tiny()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 4
     threads = torch.get_num_threads()
     outs = []
     for n in (0, 1):
-        GPT.decode_threads = n
-        try:
-            outs.append(model.generate(prompts, 10, temperature=1.0, generator=torch.Generator().manual_seed(0)))
-        finally:
-            GPT.decode_threads = 1
+        monkeypatch.setattr(decode, "THREADS", n)
+        outs.append(decode.generate_streams(model, prompts, 10, temperature=1.0,
+                                            generator=torch.Generator().manual_seed(0)))
         assert torch.get_num_threads() == threads        # restored after generation
     for a, b in zip(*outs):
         assert a["tokens"] == b["tokens"]
@@ -474,7 +473,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
 
 
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """GPT.compile_decode (train_rl.py / eval.py --compile-decode): decode steps through
+    """decode.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
     routes as the eager steps, log-probs within float rounding of the eager ones and of a full
     forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
@@ -483,15 +482,15 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
 
     def run():
-        return model.generate(prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
-                              generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(M, "_COMPILED", {})            # a compile of its own, whatever ran before
+        return decode.generate_streams(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
+                                       generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(decode, "_COMPILED", {})            # a compile of its own, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for update in range(2):
         eager = run()
-        monkeypatch.setattr(GPT, "compile_decode", True)
+        monkeypatch.setattr(decode, "COMPILE", True)
         fast = run()
-        monkeypatch.setattr(GPT, "compile_decode", False)
+        monkeypatch.setattr(decode, "COMPILE", False)
         assert {len(o["tokens"]) for o in eager} != {10}                  # some rows stopped early
         for p, a, b in zip(prompts, eager, fast):
             assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
@@ -507,9 +506,10 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     first = model.generate(prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
     for on in (False, True):
-        monkeypatch.setattr(GPT, "compile_decode", on)
-        cont[on] = model.generate([[30, 31]] * len(prompts), 5, temperature=1.0, past=[o["past"] for o in first],
-                                  generator=torch.Generator().manual_seed(2), return_routes=True)
+        monkeypatch.setattr(decode, "COMPILE", on)
+        cont[on] = decode.generate_streams(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
+                                           past=[o["past"] for o in first], generator=torch.Generator().manual_seed(2),
+                                           return_routes=True)
     for a, b in zip(cont[False], cont[True]):
         assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
     # prompts of one length: no padding, no mask; the step must still compile whole (a symbolic
@@ -517,9 +517,9 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     same = {}
     for on in (False, True):
-        monkeypatch.setattr(GPT, "compile_decode", on)
-        same[on] = model.generate([[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
-                                  generator=torch.Generator().manual_seed(3))
+        monkeypatch.setattr(decode, "COMPILE", on)
+        same[on] = decode.generate_streams(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
+                                           generator=torch.Generator().manual_seed(3))
     assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
     # the compiled step is shared, and keeps no model alive (eval.py loads one per checkpoint)
@@ -531,18 +531,21 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
 
 def test_compiled_decode_falls_back_to_eager(monkeypatch):
     """Where torch.compile cannot build the step (no C++ compiler, say), generate warns once and
-    decodes eagerly: the same samples as with compile_decode off."""
+    decodes eagerly: the same samples as with decode.COMPILE off."""
     model = tiny()
 
     def broken(fn, **kw):
         def call(*a, **k):
             raise RuntimeError("no C++ compiler")
         return call
-    eager = model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    def run():
+        return decode.generate_streams(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
+                                       generator=torch.Generator().manual_seed(0))
+    eager = run()
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(M, "_COMPILED", {})            # as if no earlier test had compiled the step
-    monkeypatch.setattr(GPT, "compile_decode", True)
+    monkeypatch.setattr(decode, "_COMPILED", {})       # as if no earlier test had compiled the step
+    monkeypatch.setattr(decode, "COMPILE", True)
     with pytest.warns(UserWarning, match="decoding eagerly"):
-        fast = model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    assert fast == eager and M._COMPILED["trunk"] is False
-    assert model.generate([[5, 3, 9], [8]] * 2, 6, temperature=1.0, generator=torch.Generator().manual_seed(0)) == eager
+        fast = run()
+    assert fast == eager and decode._COMPILED["trunk"] is False
+    assert run() == eager

@@ -19,6 +19,7 @@ import env
 from tasks import generate_tasks
 import rl
 import rl_metrics
+import rollouts
 import train_rl
 from model import GPT, GPTConfig
 from tokenizer import train_tokenizer
@@ -139,15 +140,15 @@ def test_prefilter_keeps_the_tasks_likeliest_to_give_a_mixed_group(tiny_ckpt, mo
         fed.extend((tgt >= 0).sum(-1).tolist())
         rows = [math.log(q[len(fed) - len(idx) + i]) for i in range(len(idx))]
         return (tgt >= 0) * torch.tensor(rows)[:, None] / (tgt >= 0).sum(-1, keepdim=True), None
-    monkeypatch.setattr(train_rl, "token_logprobs", fake_logprobs)
+    monkeypatch.setattr(rollouts, "token_logprobs", fake_logprobs)
     args = SimpleNamespace(max_new_tokens=96, micro_batch=4, temperature=1.0, group_size=8)
     ctx = SimpleNamespace(model=model, tok=tok, args=args, device=torch.device("cpu"))
     stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
-    kept, keys = train_rl.prefilter(ctx, cands, [10, 11, 12, 13, 14, 15], 2, stats)
+    kept, keys = rollouts.prefilter(ctx, cands, [10, 11, 12, 13, 14, 15], 2, stats)
     assert [t.task_id for t in kept] == [cands[1].task_id, cands[3].task_id] and keys == [11, 13]
     assert fed == [min(len(tok.encode(t.solution)) + 1, 96) for t in cands]   # each reference body + end-of-text, cut
     assert stats["prefilter_n"] == 2 and stats["prefilter_kept"] > stats["prefilter_all"]
-    assert train_rl.prefilter(ctx, cands[:2], [0, 1], 2, stats)[1] == [0, 1]    # nothing to choose: all kept
+    assert rollouts.prefilter(ctx, cands[:2], [0, 1], 2, stats)[1] == [0, 1]    # nothing to choose: all kept
 
 
 def test_prefilter_check_scores_kept_and_dropped_tasks(tiny_ckpt, capsys):
@@ -175,15 +176,15 @@ def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
         pos = ctx.state["stream_pos"]
         ctx.state["stream_pos"] += n
         return list(range(pos, pos + n)), list(range(pos, pos + n))
-    monkeypatch.setattr(train_rl, "sample_groups", fake_round)
-    monkeypatch.setattr(train_rl, "next_tasks", fake_tasks)
+    monkeypatch.setattr(rollouts, "sample_groups", fake_round)
+    monkeypatch.setattr(rollouts, "next_tasks", fake_tasks)
     stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
-    b1 = train_rl.sample_batch(ctx, 0, stats)
+    b1 = rollouts.sample_batch(ctx, 0, stats)
     assert asked == [4, 4] and len(b1) == 4                 # 2 + 3 found: the refill sampled 4 tasks, not 2
     assert ctx.state["queue"] == [["g6"]]                   # the surplus waits for the next step
-    b2 = train_rl.sample_batch(ctx, 1, stats)
+    b2 = rollouts.sample_batch(ctx, 1, stats)
     assert asked == [4, 4, 4] and b2[0] == ["g6"] and len(b2) == 4 and ctx.state["queue"] == [["g11"]]
-    b3 = train_rl.sample_batch(ctx, 2, stats)               # nothing informative: 4 rounds, then give up
+    b3 = rollouts.sample_batch(ctx, 2, stats)               # nothing informative: 4 rounds, then give up
     assert asked[3:] == [4, 4, 4, 4] and b3 == [["g11"], ["g24"]] and ctx.state["queue"] == []
     trained = [g[0] for b in (b1, b2, b3) for g in b]
     assert len(trained) == len(set(trained)), "no group is trained on twice"

@@ -1,0 +1,184 @@
+"""
+The sampling half of an RL step (train_rl.py): which train tasks a step draws, the prefilter that
+predicts which of them will give a mixed group, the rollouts through the shared harness
+(eval.sample_completions, or agent.run_episodes for --turns > 1), sandbox rewards, group-relative
+advantages and DAPO's dynamic-sampling refills. Every function takes train_rl.setup's namespace
+`ctx` (args, model, tokenizer, sandbox pool, task stream, resumable state) and a step's `stats`
+(rl_metrics.new_stats); the policy update, checkpoints and the loop stay in train_rl.py.
+
+    batch = rollouts.sample_batch(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
+"""
+import time
+
+import torch
+
+import agent
+import common
+import env
+import eval as evaluation
+from rl import collate, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
+from tasks import generate_tasks
+
+
+def next_tasks(ctx, n):
+    """This rank's next n tasks of the train stream, never revisited (single epoch). Rank r takes
+    items r, r + W, r + 2W, ...: the union over ranks of the first B/W each is the first B items,
+    the same global batch as one process. Returns (tasks, stream indices)."""
+    pos = ctx.state["stream_pos"]
+    keys = [ctx.rank + ctx.world * j for j in range(pos, pos + n)]
+    while keys and keys[-1] >= len(ctx.stream):           # task i depends on (seed, i) alone
+        ctx.stream += generate_tasks("train", len(ctx.stream), seed=ctx.args.task_seed,
+                                     difficulties=ctx.levels, start=len(ctx.stream))
+    ctx.state["stream_pos"] = pos + n
+    return [ctx.stream[k] for k in keys], keys
+
+
+def prefilter(ctx, tasks, keys, n, stats):
+    """Online difficulty filtering (--prefilter K): train tasks never repeat, so a task's own pass
+    rate is unknown until its group is sampled; predict it instead. One teacher-forced forward pass
+    gives q, the policy's probability of each candidate's reference solution, and the n candidates
+    with the highest mixed_group_odds(log q, G) are kept (in stream order). A dropped task is not
+    revisited. Returns (tasks, keys)."""
+    if len(tasks) <= n:
+        return tasks, keys
+    t0, tok = time.time(), ctx.tok
+    prompts, _ = agent.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
+    bodies = [(tok.encode(t.solution or "") + [tok.eot_id])[:ctx.args.max_new_tokens] for t in tasks]
+    refs = [{"prompt_ids": p, "tokens": b, "logprobs": [0.0] * len(b)} for p, b in zip(prompts, bodies)]
+    was_training = ctx.model.training
+    ctx.model.eval()
+    logq = torch.cat([lp.sum(-1).double().cpu() for _, _, lp in teacher_forced(ctx, ctx.model, refs)])
+    ctx.model.train(was_training)
+    odds = mixed_group_odds(logq, ctx.args.group_size)
+    keep = sorted(odds.topk(n).indices.tolist())
+    stats["prefilter_s"] += time.time() - t0
+    stats["prefilter_n"] += n                      # predicted odds of the kept tasks against all candidates
+    stats["prefilter_kept"] += odds[keep].sum().item()
+    stats["prefilter_all"] += odds.mean().item() * n
+    return [tasks[i] for i in keep], [keys[i] for i in keep]
+
+
+def rollout(ctx, tasks, keys, seed, stats):
+    """G completions per task through the shared harness (eval.sample_completions), each generated
+    batch sandboxed while the next one is generated; with --turns > 1, G episodes per task
+    (agent.run_episodes). Returns (samples or episodes, results: the reward-bearing verdicts)."""
+    args, futures, t0 = ctx.args, [], time.time()
+    submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
+                                                            [s["completion"] for s in b], fractional=args.fractional))
+    kw = dict(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+              top_p=args.top_p, batch_size=args.gen_batch, return_routes=ctx.replay)
+    make_gen = lambda x: torch.Generator(device=ctx.device).manual_seed((args.seed * 1_000_003 + x) % 2**62)
+    if args.turns > 1:                     # multi-turn episodes: one sample = one episode (agent.py)
+        samples = agent.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
+                                     generator=make_gen(seed), fractional=args.fractional, **kw)
+        results = [e["result"] for e in samples]
+        stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
+        return samples, results
+    if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
+        samples = []
+        for i, (task, key) in enumerate(zip(tasks, keys)):
+            part = evaluation.sample_completions(ctx.model, ctx.tok, [task], generator=make_gen(key), **kw)
+            for s in part:
+                s["task_idx"] = i
+            submit(part)
+            samples += part
+    else:
+        samples = evaluation.sample_completions(ctx.model, ctx.tok, tasks, generator=make_gen(seed),
+                                                on_batch=submit, **kw)
+    t1 = time.time()
+    results = [r for f in futures for r in f.result()]
+    stats["gen_s"] += t1 - t0
+    stats["sandbox_s"] += time.time() - t1
+    return samples, results
+
+
+def teacher_forced(ctx, model, samples):
+    """Per micro-batch of samples, without gradients: (targets, the sampler's log-probs, `model`'s
+    log-probs of the same tokens). The one no-grad scoring pass: the KL reference and the prefilter."""
+    dev = ctx.device
+    with torch.no_grad():
+        for i in range(0, len(samples), ctx.args.micro_batch):
+            idx, tgt, old, _, valid = collate(samples[i:i + ctx.args.micro_batch], ctx.tok.pad_id, 0, 1, False)
+            with common.autocast(dev):
+                lp, _ = token_logprobs(model, idx.to(dev), tgt.to(dev), None, ctx.args.temperature, valid.to(dev))
+            yield tgt.to(dev), old.to(dev), lp
+
+
+def ref_kl(ctx, samples):
+    """k1 KL of each sample to the reference model, from the sampler's own log-probs."""
+    return torch.cat([kl_k1(old, ref_lp, (tgt >= 0).float()).double().cpu()
+                      for tgt, old, ref_lp in teacher_forced(ctx, ctx.ref, samples)])
+
+
+def sample_groups(ctx, tasks, keys, seed, stats):
+    """Roll out `tasks`, reward and advantage each group. Returns the groups worth training on (in
+    task order), each a list of samples carrying their advantage "adv"."""
+    args = ctx.args
+    samples, results = rollout(ctx, tasks, keys, seed, stats)
+    for s, r in zip(samples, results):
+        stats[f"outcome/{r.outcome}"] += 1
+        stats["len_sum"] += n_generated(s)
+        stats["len_n"] += 1
+        stats["len_max"] = max(stats["len_max"], n_generated(s))
+        stats["turns_sum"] += len(turns_of(s))
+        for t in turns_of(s):
+            for k, v in env.hack_counts(t["completion"]).items():
+                stats[f"hack/{k}"] += v
+    # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
+    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
+    if not scored:
+        return []
+    correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
+    rewards = correct.clone()
+    if args.len_penalty:
+        # every token the model wrote in the episode: solving in fewer, shorter turns earns more
+        rewards -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
+    if ctx.ref is not None:                      # k1 KL to the reference, folded into the reward
+        kl = ref_kl(ctx, [s for s, _ in scored])
+        stats["kl_ref_sum"] += kl.sum().item()
+        rewards -= args.kl_coef * kl
+    ids = [s["task_idx"] for s, _ in scored]
+    # DAPO's dynamic sampling keeps a group when its CORRECTNESS varies: a length penalty or KL term
+    # makes almost every group's shaped reward differ, and all-pass / all-fail groups would then
+    # train on length / KL noise instead of being replaced by fresh tasks.
+    adv, keep = group_advantages(rewards, ids, std=args.adv_std,
+                                 signal_from=correct if args.dynamic_sampling else None)
+    stats["passes"] += sum(r.passed for _, r in scored)
+    stats["n_scored"] += len(scored)
+    stats["reward_sum"] += rewards.sum().item()
+    stats["groups"] += len(set(ids))
+    signal = {t for t, k in zip(ids, keep.tolist()) if k}
+    stats["zero_var_groups"] += len(set(ids)) - len(signal)
+    for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
+        stats[f"groups/d{tasks[t].difficulty}"] += 1
+        stats[f"signal/d{tasks[t].difficulty}"] += t in signal
+    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
+    for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
+        if k:   # only what training needs (queued groups go into the checkpoint)
+            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
+                {x: s.get(x) for x in needed}
+            groups.setdefault(s["task_idx"], []).append({**part, "adv": a})
+    return [groups[t] for t in sorted(groups)]
+
+
+def sample_batch(ctx, step, stats):
+    """This rank's --batch-tasks / W groups with signal. Without dynamic sampling: one round of
+    tasks, groups without signal skipped. With it (DAPO), up to --ds-max-tries more rounds. Every
+    round generates a full --gen-batch (more tasks than are missing: small refill batches generate
+    slowly), and the informative groups left over wait in a queue for the next step. A queued group
+    is one optimizer step stale (sampled before the last update; the PPO ratio corrects for it),
+    trained on once, and dropped if not used by the next step."""
+    args, st = ctx.args, ctx.state
+    batch, st["queue"] = st["queue"][:ctx.per_rank], []
+    stats["queued_groups"] += len(batch)
+    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
+        need = ctx.per_rank - len(batch)
+        if need <= 0:
+            break
+        n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
+        tasks, keys = prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
+        groups = sample_groups(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
+        batch += groups[:need]
+        st["queue"] = groups[need:ctx.per_rank + need]
+        stats["rounds"] += 1
+    return batch
