@@ -1,12 +1,14 @@
 """
 decode.py: the speed paths around GPT.generate. model.py's generate is the reference: plain eager
-PyTorch, one batch, one trunk call per decode step, read top to bottom. What RL rollouts, eval and
-the episodes call is generate_streams here, which runs that same generate faster on a CPU and
-samples from the same distribution (same tokens for the same seed where the math is unchanged):
+PyTorch, one batch, one trunk call per decode step, read top to bottom. What RL rollouts, eval, the
+episodes and pretraining's sample call is generate_streams here, which runs that same generate
+faster on a CPU, each row sampled from the same distribution (the float rounding of the thread count
+and of the compiled step apart):
 
     outs = decode.generate_streams(model, prompts, max_new_tokens=96, temperature=1.0, stop_ids=[eot])
 
-  - one torch thread per decode step (cpu_threads) and two decode streams side by side (STREAMS);
+  - one torch thread per generate call, prefill included (cpu_threads), and two decode streams
+    side by side (STREAMS);
   - optionally (COMPILE, train_rl.py / eval.py --compile-decode) each decode step through
     torch.compile (compiled_trunk).
 Measured in bench.py (`python bench.py generation`, `python bench.py compiled`); history in the
@@ -66,7 +68,7 @@ def compiled_trunk(model):
             except Exception as e:
                 # The failed call wrote at most this step's cache column, which the eager call writes
                 # again (trunk moves cache.pos only at its end), and maybe some routes.
-                warnings.warn(f"compile_decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
+                warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
                 _COMPILED["trunk"] = False
                 if chosen is not None:
                     del chosen[n:]
@@ -85,10 +87,10 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     with the caller's generator) on GPU and under 16 rows per stream."""
     prompts = as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
-    kw["trunk"] = compiled_trunk(model) if COMPILE else None
+    kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
     streams = max(1, min(STREAMS if streams is None else streams, n // 16))
     if not cpu or THREADS != 1:
-        streams = 1   # a GPU: one batch fills it; THREADS > 1: the streams would oversubscribe the cores
+        streams = 1   # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]

@@ -3,8 +3,9 @@ The sampling half of an RL step (train_rl.py): which train tasks a step draws, t
 predicts which of them will give a mixed group, the rollouts through the shared harness
 (eval.sample_completions, or agent.run_episodes for --turns > 1), sandbox rewards, group-relative
 advantages and DAPO's dynamic-sampling refills. Every function takes train_rl.setup's namespace
-`ctx` (args, model, tokenizer, sandbox pool, task stream, resumable state) and a step's `stats`
-(rl_metrics.new_stats); the policy update, checkpoints and the loop stay in train_rl.py.
+`ctx` (args, model, tokenizer, sandbox pool, task stream, resumable state; a tool may pass just the
+fields a function reads, as experiments/prefilter_check.py does) and, where it records anything, a
+step's `stats` (rl_metrics.new_stats); the policy update, checkpoints and the loop stay in train_rl.py.
 
     batch = rollouts.sample_batch(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
 """

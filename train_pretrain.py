@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 import common
 import corpus
+import decode
 import env
 import tasks
 from model import GPT, GPTConfig, MoE
@@ -327,8 +328,8 @@ def sample_text(step):
     """A short completion of a held-out env prompt, to watch the model learn to write code."""
     gen = torch.Generator(device=device).manual_seed(args.seed + step)   # not the training RNG
     raw.eval()
-    out = raw.generate([tok.encode(env.render_prompt(sample_task))], args.sample_tokens, temperature=0.8,
-                       stop_ids=(tok.eot_id,), generator=gen)[0]
+    out = decode.generate_streams(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
+                                  temperature=0.8, stop_ids=(tok.eot_id,), generator=gen)[0]
     raw.train()
     return env.extract_completion(tok.decode(out["tokens"]))
 

@@ -1,4 +1,4 @@
-"""Tests for rl.py and train_rl.py: the algorithm's pieces (rl.py) on hand-made numbers, router replay,
+"""Tests for rl.py, rollouts.py and train_rl.py: the algorithm's pieces (rl.py) on hand-made numbers, router replay,
 and the script end to end (smoke run, exact resume, 2-process DDP == 1 process, clear errors).
 < 3 min on 2 cores."""
 import concurrent.futures
@@ -451,7 +451,7 @@ def test_held_out_slices(tiny_ckpt, tmp_path, monkeypatch):
         for i, t in enumerate(tasks):
             t.slice = ("near", "novel")[i % 2] if split == "test" else ""
         return tasks
-    monkeypatch.setattr(train_rl, "generate_tasks", sliced)
+    monkeypatch.setattr(train_rl, "generate_tasks", sliced)   # setup's task sets (the stream's refills: rollouts.py)
     out = str(tmp_path / "slices")
     s = train_rl.main(["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--out-dir", out, "--steps", "1",
                        "--eval-tasks", "6", "--eval-seed", "3", "--canary-every", "0"])
