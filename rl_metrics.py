@@ -145,5 +145,5 @@ def summarize_run(ctx):
     return {**out, "eval_seed": args.eval_seed, "steps": ctx.state["step"],
             "wall_s": round(time.time() - ctx.t_start, 1),
             "time_split": {x: round(y, 1) for x, y in ctx.state["totals"].items()},
-            "curve": {tag: round(e.get("pass@1", float("nan")), 4) for tag, e in evals.items()},
+            "curve": {tag: round(e["pass@1"], 4) if "pass@1" in e else None for tag, e in evals.items()},  # strict JSON
             "ckpt": ctx.ckpt_path, "out_dir": args.out_dir, "metrics": ctx.metrics_path}
