@@ -62,8 +62,9 @@ def test_run_sh_stops_at_first_failing_stage(tmp_path):
 
 
 def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
-    """TURNS=2: a continued pretraining of the base adds repair transcripts, RL and eval run episodes
-    from it and report the self-repair curve (a list of two values per checkpoint)."""
+    """TURNS=2: a continued pretraining of the base adds repair transcripts, single-turn RL starts
+    from it, episode RL from that, and eval reports the self-repair curve (a list of two values per
+    checkpoint) of all three."""
     out = tmp_path / "run"
     env = dict(os.environ, PRESET="smoke", OUT=str(out), TURNS="2")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -71,9 +72,12 @@ def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
     assert "--repair-frac 0.25" in p.stdout and "--turns 2" in p.stdout
     repair = json.loads((out / "repair.json").read_text())
     assert repair["data"]["tasks"]["docs"] > 0 and (out / "pretrain" / "ckpt.pt").is_file()
-    assert f"--init-from {out}/repair/ckpt.pt" in p.stdout        # RL starts from the repair stage
+    assert f"--init-from {out}/repair/ckpt.pt" in p.stdout        # single-turn RL starts from the repair stage
+    assert f"--init-from {out}/rl1/ckpt.pt" in p.stdout           # ... and episode RL from single-turn RL
+    assert json.loads((out / "rl1.json").read_text())["steps"] > 0
     rl = json.loads((out / "rl.json").read_text())
-    assert len(rl["pass@1_by_turn_before"]) == len(rl["pass@1_by_turn_after"]) == 2
+    assert rl["steps"] > 0 and len(rl["pass@1_by_turn_after"]) == 2    # no in-run evals: the eval stage's job
     ev = json.loads((out / "eval.json").read_text())
-    assert {k: len(v) for k, v in ev["pass@1_by_turn"].items()} == {"pretrained": 2, "rl": 2}
-    assert set(ev["pass@2_resample"]) == {"pretrained", "rl"}
+    labels = {"pretrained", "rl-1turn", "rl"}
+    assert {k: len(v) for k, v in ev["pass@1_by_turn"].items()} == dict.fromkeys(labels, 2)
+    assert set(ev["pass@2_resample"]) == labels
