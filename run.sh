@@ -2,13 +2,13 @@
 # The whole Composer-2-style recipe in miniature, end to end:
 #   1. tokenizer + code corpus + continued pretraining of a small MoE   (train_pretrain.py)
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
-#   3. side-by-side evaluation of the pretrained and the RL checkpoint  (eval.py)
+#   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
 #   4. figures of both runs' curves next to the evaluation table        (plot.py)
 # Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (<= 30 min on 2 cores)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TURNS=3 bash run.sh      # multi-turn episodes: repair data, single-turn RL, then RL and eval with up
-#                                  # to 3 attempts and test feedback (about an hour on 2 cores)
+#                                  # to 3 attempts and test feedback (about an hour on 2 cores, from stage times)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -32,18 +32,18 @@ if [ "$TURNS" -gt 1 ]; then
   esac
   run_stage repair python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" --repair-frac 0.25 \
     "${REPAIR_ARGS[@]}" --out-dir "$OUT/repair"
-  PRE_CKPT=$(json_get "$OUT/repair.json" ckpt)
+  REPAIR_CKPT=$(json_get "$OUT/repair.json" ckpt)
   # Multi-turn RL after single-turn RL: single-turn steps are 3-4x cheaper and teach the first attempt;
   # the episode stage then teaches the repair, on a fresh draw of the train stream (--task-seed 2).
-  # Its in-run evals are skipped (episodes made them a quarter of the clock); the eval stage measures
-  # both RL checkpoints side by side (README, "Multi-turn RL after single-turn RL").
-  run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl1" --turns 1
+  # The episode stage's in-run evals are skipped (they took a quarter of its clock); the eval stage
+  # measures the base and both RL checkpoints side by side (README, "Multi-turn RL after single-turn RL").
+  run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$REPAIR_CKPT" --out-dir "$OUT/rl1" --turns 1
   RL1_CKPT=$(json_get "$OUT/rl1.json" ckpt)
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns "$TURNS" \
     --task-seed 2 --no-eval
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
-  run_stage eval python eval.py --preset "$PRESET" --ckpt "$PRE_CKPT" --ckpt "$RL1_CKPT" --ckpt "$RL_CKPT" \
-    --label pretrained --label rl-1turn --label rl --out-dir "$OUT/eval" --turns "$TURNS"
+  run_stage eval python eval.py --preset "$PRESET" --ckpt "$REPAIR_CKPT" --ckpt "$RL1_CKPT" --ckpt "$RL_CKPT" \
+    --label repair-base --label rl-1turn --label rl --out-dir "$OUT/eval" --turns "$TURNS"
 else
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl" --turns 1
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
@@ -55,9 +55,9 @@ run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 echo
 echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
-[ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts, checkpoint $PRE_CKPT)"
+[ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts, checkpoint $REPAIR_CKPT)"
 [ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL before the episodes, checkpoint $RL1_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"
-echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json"
+echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json (TURNS > 1: also repair, rl1)"
 [ -f "$OUT/eval/eval.md" ] && cat "$OUT/eval/eval.md"

@@ -3,6 +3,7 @@ every artefact must exist and every metric of every stage's summary must be fini
 import json
 import math
 import os
+import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,15 +70,18 @@ def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
     env = dict(os.environ, PRESET="smoke", OUT=str(out), TURNS="2")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "--repair-frac 0.25" in p.stdout and "--turns 2" in p.stdout
+    stage = dict(re.findall(r"^=== stage (\w+): (.*)$", p.stdout, re.M))   # each stage's command line
+    assert "--repair-frac 0.25" in stage["repair"]
+    assert f"--init-from {out}/repair/ckpt.pt" in stage["rl1"] and "--turns 1" in stage["rl1"]
+    assert f"--init-from {out}/rl1/ckpt.pt" in stage["rl"] and "--turns 2 --task-seed 2 --no-eval" in stage["rl"]
+    assert f"--ckpt {out}/repair/ckpt.pt --ckpt {out}/rl1/ckpt.pt --ckpt {out}/rl/ckpt.pt" in stage["eval"]
     repair = json.loads((out / "repair.json").read_text())
     assert repair["data"]["tasks"]["docs"] > 0 and (out / "pretrain" / "ckpt.pt").is_file()
-    assert f"--init-from {out}/repair/ckpt.pt" in p.stdout        # single-turn RL starts from the repair stage
-    assert f"--init-from {out}/rl1/ckpt.pt" in p.stdout           # ... and episode RL from single-turn RL
-    assert json.loads((out / "rl1.json").read_text())["steps"] > 0
+    rl1 = json.loads((out / "rl1.json").read_text())
+    assert rl1["steps"] > 0 and "pass@1_by_turn_after" not in rl1     # single-turn
     rl = json.loads((out / "rl.json").read_text())
-    assert rl["steps"] > 0 and len(rl["pass@1_by_turn_after"]) == 2    # no in-run evals: the eval stage's job
+    assert rl["steps"] > 0 and rl["pass@1_by_turn_after"] == [None, None]   # no in-run evals: the eval stage's job
     ev = json.loads((out / "eval.json").read_text())
-    labels = {"pretrained", "rl-1turn", "rl"}
+    labels = {"repair-base", "rl-1turn", "rl"}
     assert {k: len(v) for k, v in ev["pass@1_by_turn"].items()} == dict.fromkeys(labels, 2)
     assert set(ev["pass@2_resample"]) == labels
