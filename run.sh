@@ -55,7 +55,8 @@ run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 echo
 echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
-[ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts, checkpoint $REPAIR_CKPT)"
+[ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts," \
+                          "checkpoint $REPAIR_CKPT)"
 [ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL before the episodes, checkpoint $RL1_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"

@@ -157,7 +157,8 @@ g.add_argument("--eval-temperature", type=float, help="sampling temperature of t
 g.add_argument("--eval-difficulties", help="held-out difficulty levels, e.g. 1-3 (empty = all)")
 g.add_argument("--eval-seed", type=int, default=0, help="seed of the held-out env test tasks and their sampling "
                                                          "(tune on one seed, report on another)")
-g.add_argument("--no-eval", action="store_true", help="skip every held-out eval (tests; run.sh's episode stage, whose eval stage measures)")
+g.add_argument("--no-eval", action="store_true", help="skip every held-out eval (tests; run.sh's episode stage, "
+                                                      "which its eval stage measures)")
 g.add_argument("--ckpt-every", type=int, help="steps between checkpoints (and at the end; 0 = end only)")
 
 
