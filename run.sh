@@ -4,7 +4,8 @@
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
 #   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
 #   4. figures of both runs' curves next to the evaluation table        (plot.py)
-# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (<= 30 min on 2 cores)
+# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (on 2 cores: 37 min measured
+#                                  # on a slow VM instance, ~28-29 estimated on the faster ones; README)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TURNS=3 bash run.sh      # multi-turn episodes: repair data, single-turn RL, then RL and eval with up
@@ -27,7 +28,7 @@ PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
 if [ "$TURNS" -gt 1 ]; then
   case $PRESET in
     smoke) REPAIR_ARGS=(--max-steps 8) ;;
-    cpu)   REPAIR_ARGS=(--max-steps 300 --seq-len 512 --micro-batch 8) ;;   # a third of pretraining's steps
+    cpu)   REPAIR_ARGS=(--max-steps 300 --seq-len 512 --micro-batch 8) ;;   # a quarter of pretraining's steps
     *)     REPAIR_ARGS=(--max-steps 500) ;;
   esac
   run_stage repair python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" --repair-frac 0.25 \
