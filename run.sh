@@ -9,7 +9,7 @@
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TURNS=3 bash run.sh      # multi-turn episodes: repair data, single-turn RL, then RL and eval with up
-#                                  # to 3 attempts and test feedback (about an hour on 2 cores, from stage times)
+#                                  # to 3 attempts and test feedback (61 min on a slow 2-core VM instance)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
