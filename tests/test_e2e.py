@@ -44,9 +44,10 @@ def test_run_sh_smoke_end_to_end(tmp_path):
     for line in (out / "rl" / "metrics.jsonl").read_text().splitlines():
         for k, v in finite_numbers(json.loads(line)):
             assert math.isfinite(v), (k, v)
-    # the side-by-side table has a column for each checkpoint
+    # the side-by-side table has a column for each checkpoint, on held-out tasks of a seed no recipe was tuned on
     table = (out / "eval" / "eval.md").read_text()
     assert "pretrained" in table and "rl" in table
+    assert "env test split, seed 11," in table and "seed 0," not in table
     assert set(summaries["eval"]["checkpoints"]) == {"pretrained", "rl"}
     assert "artefacts:" in p.stdout
 
