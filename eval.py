@@ -216,6 +216,7 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
         for rec, e in zip(out["records"], episodes if turns > 1 else []):
             rec["passed_by_turn"] = [bool(x.passed) for x in e["results"]]
             rec["feedback"] = [t["feedback"] for t in e["turns"]]
+            rec["attempts"] = [t["completion"] for t in e["turns"]]
     return out
 
 
@@ -237,10 +238,12 @@ def episode_figures(tasks, episodes, turns):
     """Does the model use the feedback, or does it just get more tries? (Olausson et al. 2023, "Is
     Self-Repair a Silver Bullet for Code Generation?") Overall and per slice: pass@1 after each
     turn (an episode that ended earlier keeps its last verdict), the repair rate (the share of
-    turn-1 failures that pass in the end), the share of episodes that got feedback and how many of
-    those pass; and two baselines of T tries without feedback, from the turn-1 attempts (plain
-    single-shot samples; needs n >= T per task): pass@T, where the hidden tests pick the sample (an
-    upper bound no episode has), and resample, the episode's own rule without feedback (resample_pass)."""
+    turn-1 failures that pass in the end), the repeat rate (the share of later attempts that
+    resubmit the previous attempt's code unchanged: a try that ignored the feedback), the share of
+    episodes that got feedback and how many of those pass; and two baselines of T tries without
+    feedback, from the turn-1 attempts (plain single-shot samples; needs n >= T per task): pass@T,
+    where the hidden tests pick the sample (an upper bound no episode has), and resample, the
+    episode's own rule without feedback (resample_pass)."""
     out = {}
     for sl in ("", "near", "novel"):
         eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as rl_metrics.held_out's curve
@@ -252,6 +255,9 @@ def episode_figures(tasks, episodes, turns):
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
+        later = [(a.get("completion", "").strip(), b.get("completion", "").strip())
+                 for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
+        out[f"repeat_rate{name}"] = sum(a == b for a, b in later) / len(later) if later else None
         fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
         out[f"feedback_rate{name}"] = len(fed) / len(eps)
         out[f"pass_after_feedback{name}"] = sum(e["result"].passed for e in fed) / len(fed) if fed else None
@@ -455,7 +461,8 @@ def evaluate_checkpoints(args):
         json.dump({"settings": settings, "checkpoints": report, "figures": figs}, f, indent=1)
     summary = {"out_dir": args.out_dir, "labels": labels, "checkpoints": figs}
     if args.turns > 1:    # the self-repair curve and its no-feedback baseline, per checkpoint (held-out test)
-        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample", "repair_rate"):
+        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample", "repair_rate",
+                    "repeat_rate"):
             summary[key] = {label: r["test"]["episodes"].get(key) for label, r in report.items()}
     common.print_summary(summary)
 

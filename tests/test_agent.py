@@ -1,5 +1,6 @@
 """Multi-turn episodes (agent.py, env.py's episode text, train_rl.py / eval.py --turns), on a tiny
 random model and the real sandbox: timeout 300 python -m pytest tests/test_agent.py -q -x"""
+import glob
 import json
 import os
 import subprocess
@@ -179,15 +180,21 @@ def test_episode_figures_on_worked_numbers():
     """Task 0 (near): episodes pass at turns [F,T], [F,F], [T]; task 1 (novel): [F,F], [F,F], [F,T].
     pass@1 by turn: turn 1: 1/6, turn 2: 3/6. Repair rate: 2 of the 5 turn-1 failures. pass@2
     without feedback from the turn-1 attempts: task 0 has 1 pass in 3 (1 - C(2,2)/C(3,2) = 2/3),
-    task 1 none: 1/3."""
+    task 1 none: 1/3. Repeat rate: of the 5 second attempts, the two failed ones of task 1 resubmit
+    their first attempt (one with other trailing whitespace): 2/5; near 0/2, novel 2/3."""
     import eval as evaluation
     R = lambda ok: env.Result(float(ok), ok, "pass" if ok else "wrong_answer", "", 0, 1)
     ts = [Task("a", "def f(x):\n", "f", slice="near"), Task("b", "def g(x):\n", "g", slice="novel")]
     runs = [(0, [0, 1]), (0, [0, 0]), (0, [1]), (1, [0, 0]), (1, [0, 0]), (1, [0, 1])]
-    eps = [{"task_idx": i, "turns": [{}] * len(v), "results": [R(bool(x)) for x in v]} for i, v in runs]
+    eps = [{"task_idx": i, "turns": [{"completion": f"    return {j}{t}\n"} for t in range(len(v))],
+            "results": [R(bool(x)) for x in v]} for j, (i, v) in enumerate(runs)]
     for e in eps:
         e["result"] = e["results"][-1]
+    eps[3]["turns"][1]["completion"] = eps[3]["turns"][0]["completion"]          # same code ...
+    eps[4]["turns"][1]["completion"] = eps[4]["turns"][0]["completion"] + "  \n"  # ... up to whitespace
     f = evaluation.episode_figures(ts, eps, 2)
+    assert f["repeat_rate"] == pytest.approx(2 / 5) and f["repeat_rate_near"] == 0
+    assert f["repeat_rate_novel"] == pytest.approx(2 / 3)
     assert f["pass@1_by_turn"] == pytest.approx([1 / 6, 3 / 6]) and f["repair_rate"] == pytest.approx(2 / 5)
     assert f["pass@2_no_feedback"] == pytest.approx(1 / 3) and f["pass@2_no_feedback_near"] == pytest.approx(2 / 3)
     assert f["pass@1_by_turn_novel"] == pytest.approx([0, 1 / 3]) and f["repair_rate_novel"] == pytest.approx(1 / 3)
@@ -222,6 +229,9 @@ def test_eval_turns_reports_the_repair_curve_and_its_baseline(tiny, tmp_path):
         figs = json.load(f)["figures"][tiny[2]]
     assert figs["test/pass@1_by_turn[turn 2]"] == pytest.approx(figs["test/pass@1"])   # the last turn is the score
     assert figs["test/turns_mean"] > 1 and 0 <= figs["test/pass@2_no_feedback"] <= 1 and "test/repair_rate" in figs
+    assert 0 <= figs["test/repeat_rate"] <= 1
+    recs = [json.loads(line) for p in glob.glob(os.path.join(tmp_path, "samples-*test.jsonl")) for line in open(p)]
+    assert recs and all(len(r["attempts"]) == len(r["feedback"]) and r["attempts"][-1] == r["completion"] for r in recs)
 
 
 def test_agent_command(tiny, tmp_path):
