@@ -51,8 +51,9 @@ from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
 # env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
 # problems say as much as 164; held-out tasks of difficulty 1-2, the levels the cpu RL preset is
-# measured on (its train mix stops at 3; at 4-5 both models score ~0, which would hide the result:
-# --difficulties 1-5 for every level). gpu: the full set, longer generations, every level.
+# measured on (its train mix stops at 3; the world's own mix, --difficulties "", is mostly levels
+# 4-5, where both models score ~0 and the result would not show). gpu: the full set, longer
+# generations, the world's own mix.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
                   humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False),
@@ -255,7 +256,7 @@ def episode_figures(tasks, episodes, turns):
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
-        later = [(a.get("completion", "").strip(), b.get("completion", "").strip())
+        later = [(a["completion"].rstrip(), b["completion"].rstrip())
                  for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
         out[f"repeat_rate{name}"] = sum(a == b for a, b in later) / len(later) if later else None
         fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once

@@ -181,7 +181,8 @@ def test_episode_figures_on_worked_numbers():
     pass@1 by turn: turn 1: 1/6, turn 2: 3/6. Repair rate: 2 of the 5 turn-1 failures. pass@2
     without feedback from the turn-1 attempts: task 0 has 1 pass in 3 (1 - C(2,2)/C(3,2) = 2/3),
     task 1 none: 1/3. Repeat rate: of the 5 second attempts, the two failed ones of task 1 resubmit
-    their first attempt (one with other trailing whitespace): 2/5; near 0/2, novel 2/3."""
+    their first attempt (one with other trailing whitespace): 2/5; near 0/2, novel 2/3. A 3-turn
+    episode A, B, A repeats no previous attempt: 0/2."""
     import eval as evaluation
     R = lambda ok: env.Result(float(ok), ok, "pass" if ok else "wrong_answer", "", 0, 1)
     ts = [Task("a", "def f(x):\n", "f", slice="near"), Task("b", "def g(x):\n", "g", slice="novel")]
@@ -195,6 +196,9 @@ def test_episode_figures_on_worked_numbers():
     f = evaluation.episode_figures(ts, eps, 2)
     assert f["repeat_rate"] == pytest.approx(2 / 5) and f["repeat_rate_near"] == 0
     assert f["repeat_rate_novel"] == pytest.approx(2 / 3)
+    aba = dict(eps[0], turns=[{"completion": c} for c in ("    return 1\n", "    return 2\n", "    return 1\n")],
+               results=[R(False)] * 3)
+    assert evaluation.episode_figures(ts, [aba], 3)["repeat_rate"] == 0
     assert f["pass@1_by_turn"] == pytest.approx([1 / 6, 3 / 6]) and f["repair_rate"] == pytest.approx(2 / 5)
     assert f["pass@2_no_feedback"] == pytest.approx(1 / 3) and f["pass@2_no_feedback_near"] == pytest.approx(2 / 3)
     assert f["pass@1_by_turn_novel"] == pytest.approx([0, 1 / 3]) and f["repair_rate_novel"] == pytest.approx(1 / 3)
@@ -230,8 +234,14 @@ def test_eval_turns_reports_the_repair_curve_and_its_baseline(tiny, tmp_path):
     assert figs["test/pass@1_by_turn[turn 2]"] == pytest.approx(figs["test/pass@1"])   # the last turn is the score
     assert figs["test/turns_mean"] > 1 and 0 <= figs["test/pass@2_no_feedback"] <= 1 and "test/repair_rate" in figs
     assert 0 <= figs["test/repeat_rate"] <= 1
-    recs = [json.loads(line) for p in glob.glob(os.path.join(tmp_path, "samples-*test.jsonl")) for line in open(p)]
-    assert recs and all(len(r["attempts"]) == len(r["feedback"]) and r["attempts"][-1] == r["completion"] for r in recs)
+    recs = []
+    for path in glob.glob(os.path.join(tmp_path, "samples-*test.jsonl")):
+        with open(path) as f:
+            recs += [json.loads(line) for line in f]
+    # every attempt is kept: as many as verdicts, and the repeat rate is the share of retries that copy the one before
+    assert recs and all(len(r["attempts"]) == len(r["passed_by_turn"]) for r in recs)
+    retries = [(a.rstrip(), b.rstrip()) for r in recs for a, b in zip(r["attempts"], r["attempts"][1:])]
+    assert retries and figs["test/repeat_rate"] == pytest.approx(sum(a == b for a, b in retries) / len(retries))
 
 
 def test_agent_command(tiny, tmp_path):

@@ -52,6 +52,14 @@ def test_run_sh_smoke_end_to_end(tmp_path):
     assert "artefacts:" in p.stdout
 
 
+def test_eval_cpu_preset_measures_the_levels_rl_is_measured_on():
+    """The cpu eval (run.sh's eval stage) draws held-out tasks of the levels the cpu RL preset evaluates,
+    not the world's own mix (mostly levels 4-5, where every model here scores ~0)."""
+    import eval as evaluation
+    import train_rl
+    assert evaluation.PRESETS["cpu"]["difficulties"] == train_rl.PRESETS["cpu"]["eval_difficulties"] == "1-2"
+
+
 def test_run_sh_stops_at_first_failing_stage(tmp_path):
     """A broken stage stops the script with that stage's error, and later stages never run."""
     out = tmp_path / "run"
