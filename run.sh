@@ -4,8 +4,8 @@
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
 #   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
 #   4. figures of both runs' curves next to the evaluation table        (plot.py)
-# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (on 2 cores: 26 min measured
-#                                  # on a fast VM instance, 37 on a slow one; README)
+# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (on 2 cores: 27 min on a fast
+#                                  # VM instance, 37 on a slow one; README)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
@@ -18,8 +18,8 @@ source experiments/lib.sh   # run_stage, json_get
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
 OUT=${OUT:-runs/$PRESET}
 TURNS=${TURNS:-1}
-# The eval stage's held-out tasks: a seed no recipe choice was made on (RL's own evals use seed 0, where
-# the presets were tuned; README, Results).
+# The eval stage's held-out tasks: a seed no recipe was tuned on (RL's own evals use seed 0, where the
+# presets were tuned; README, Results).
 TEST_SEED=${TEST_SEED:-11}
 mkdir -p "$OUT"
 echo "preset: $PRESET   run directory: $OUT"
