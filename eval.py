@@ -428,7 +428,8 @@ def evaluate_checkpoints(args):
             figs[label][f"test/{sl}pass@1 - {first}"] = gain
             figs[label][f"test/{sl}pass@1 - {first}, paired SE"] = se
     settings = vars(args)
-    where = args.tasks or f"env test split, seed {args.task_seed}, difficulties {args.difficulties or 'all'}"
+    levels = args.difficulties or "of the world's own mix"
+    where = args.tasks or f"env test split, seed {args.task_seed}, difficulties {levels}"
     head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples ({where}); humaneval: "
             f"{len(humaneval)} problems x {1 if args.temperature == 0 else args.humaneval_n}; "
             f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
@@ -540,7 +541,7 @@ def main(argv=None):
     p.add_argument("--n-tasks", type=int, help="held-out env test tasks (or first N of --tasks)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the env test split tasks")
     p.add_argument("--difficulties", help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5 (a level listed "
-                                          "twice: drawn twice as often; empty: all)")
+                                          "twice: drawn twice as often; empty: the world's own mix, mostly 4-5)")
     p.add_argument("--n-samples", type=int, help="samples per test task (pass@k needs n >= k)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
