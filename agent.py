@@ -92,10 +92,7 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                         eps[j]["lost"] = v                                # the episode is not scored
                     if v is None or v.passed or v.outcome == "sandbox_error":
                         continue
-                    fb = env.render_feedback(tasks[x["task_idx"]], v, x["text"])
-                    # the cache holds what was fed: prompt + tokens[:-1]; a turn cut by max_new_tokens
-                    # feeds its last token now, a turn that ended on end-of-text never feeds that token
-                    feed = ([] if x["stopped"] else x["tokens"][-1:]) + tok.encode(fb)
+                    fb, feed = feedback_feed(tok, tasks[x["task_idx"]], x, v)
                     if old[j].size(3) + len(feed) + max_new_tokens <= model.config.seq_len:
                         x["feedback"], feeds[j], pasts[j] = fb, feed, old[j]
             for e in eps:
@@ -130,6 +127,20 @@ def as_sample(tok, g, task_idx, prompt_ids, prompt_truncated=False):
         if key in g:
             d[key] = g[key]
     return d
+
+
+def feedback_feed(tok, task, attempt, seen):
+    """After a failed attempt (`seen`: its visible-example Result): the feedback text, and the ids a
+    next turn feeds on top of the attempt's cache, which holds prompt + tokens[:-1]. A turn cut by
+    max_new_tokens feeds its last token now; a turn that ended on end-of-text never feeds that token."""
+    fb = env.render_feedback(task, seen, attempt["text"])
+    return fb, ([] if attempt["stopped"] else attempt["tokens"][-1:]) + tok.encode(fb)
+
+
+def repair_prompt(tok, task, attempt, seen):
+    """Every id the second turn after a failed first `attempt` reads: what run_episodes' cache holds
+    then, as one prompt (train_rl.py --repair-groups samples G repairs from it)."""
+    return attempt["prompt_ids"] + attempt["tokens"][:-1] + feedback_feed(tok, task, attempt, seen)[1]
 
 
 def context_ids(episode):

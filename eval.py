@@ -83,16 +83,20 @@ def pass_at_k(n, c, k):
 # Sampling: THE one place that turns tasks into completions (RL rollouts come through here too).
 
 def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
-                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None):
+                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None, prompts=None):
     """n samples per task, rows ordered task by task (the n samples of task i are contiguous, the
     group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
     conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
     (decoded, without end-of-text), completion (text cut by env.extract_completion: what runs),
     stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (agent.encode_prompts), and
     routes when requested.
-    on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it)."""
+    on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it).
+    prompts: token ids per task to continue instead of its rendered prompt (a repair's context)."""
     device = next(model.parameters()).device
-    prompts, truncated = agent.encode_prompts(model, tok, tasks, max_new_tokens)
+    if prompts is None:
+        prompts, truncated = agent.encode_prompts(model, tok, tasks, max_new_tokens)
+    else:
+        truncated = [False] * len(prompts)
     rows = [i for i in range(len(tasks)) for _ in range(n)]
     out, was_training = [], model.training
     model.eval()

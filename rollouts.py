@@ -2,10 +2,11 @@
 The sampling half of an RL step (train_rl.py): which train tasks a step draws, the prefilter that
 predicts which of them will give a mixed group, the rollouts through the shared harness
 (eval.sample_completions, or agent.run_episodes for --turns > 1), sandbox rewards, group-relative
-advantages and DAPO's dynamic-sampling refills. Every function takes train_rl.setup's namespace
-`ctx` (args, model, tokenizer, sandbox pool, task stream, resumable state; a tool may pass just the
-fields a function reads, as experiments/prefilter_check.py does) and, where it records anything, a
-step's `stats` (rl_metrics.new_stats); the policy update, checkpoints and the loop stay in train_rl.py.
+advantages, DAPO's dynamic-sampling refills, and the repairs of --repair-groups. Every function
+takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task stream, resumable
+state; a tool may pass just the fields a function reads, as experiments/prefilter_check.py does)
+and, where it records anything, a step's `stats` (rl_metrics.new_stats); the policy update,
+checkpoints and the loop stay in train_rl.py.
 
     batch = rollouts.sample_batch(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
 """
@@ -93,6 +94,44 @@ def rollout(ctx, tasks, keys, seed, stats):
     return samples, results
 
 
+def repair_rollout(ctx, tasks, samples, results, seed, stats):
+    """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
+    for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
+    In each task that some first attempt solved, the first attempt that fails both its hidden tests
+    and a visible example becomes the root of G repairs, each sampled from the second turn's context
+    (agent.repair_prompt: the prompt, that attempt, its feedback). The G repairs read the same
+    failure, so their group-relative advantage ranks repairs against each other: a fix above a
+    resubmission of the failed code. Where no first attempt passed, a repair rarely does either, so
+    those tasks are not branched. Returns (repairs marked "repair", their hidden-test results)."""
+    args, t0 = ctx.args, time.time()
+    solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
+    cands = [s for s, r in zip(samples, results) if s["task_idx"] in solved and not r.passed
+             and r.outcome != "sandbox_error" and env.visible_task(tasks[s["task_idx"]]) is not None]
+    seen = ctx.pool.run_batch([env.visible_task(tasks[s["task_idx"]]) for s in cands], [s["completion"] for s in cands])
+    roots = {}
+    for s, v in zip(cands, seen):
+        ids = agent.repair_prompt(ctx.tok, tasks[s["task_idx"]], s, v)
+        if s["task_idx"] not in roots and not v.passed and v.outcome != "sandbox_error" \
+                and len(ids) + args.max_new_tokens <= ctx.model.config.seq_len:
+            roots[s["task_idx"]] = ids
+    parents = sorted(roots)
+    gen = torch.Generator(device=ctx.device).manual_seed((args.seed * 1_000_003 + seed + 15_485_863) % 2**62)
+    repairs = evaluation.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents], n=args.group_size,
+                                            temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                            top_p=args.top_p, batch_size=args.gen_batch, return_routes=ctx.replay,
+                                            generator=gen, prompts=[roots[i] for i in parents])
+    for s in repairs:
+        s["task_idx"], s["repair"] = parents[s["task_idx"]], True
+    t1 = time.time()
+    out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
+                             fractional=args.fractional)
+    stats["gen_s"] += t1 - t0
+    stats["sandbox_s"] += time.time() - t1
+    stats["repair_roots"] += len(parents)
+    stats["repair_passes"] += sum(r.passed for r in out)
+    return repairs, out
+
+
 def teacher_forced(ctx, model, samples):
     """Per micro-batch of samples, without gradients: (targets, the sampler's log-probs, `model`'s
     log-probs of the same tokens). The one no-grad scoring pass: the KL reference and the prefilter."""
@@ -116,6 +155,9 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     task order), each a list of samples carrying their advantage "adv"."""
     args = ctx.args
     samples, results = rollout(ctx, tasks, keys, seed, stats)
+    if args.repair_groups:
+        repairs, verdicts = repair_rollout(ctx, tasks, samples, results, seed, stats)
+        samples, results = samples + repairs, results + verdicts
     for s, r in zip(samples, results):
         stats[f"outcome/{r.outcome}"] += 1
         stats["len_sum"] += n_generated(s)
@@ -138,27 +180,29 @@ def sample_groups(ctx, tasks, keys, seed, stats):
         kl = ref_kl(ctx, [s for s, _ in scored])
         stats["kl_ref_sum"] += kl.sum().item()
         rewards -= args.kl_coef * kl
-    ids = [s["task_idx"] for s, _ in scored]
+    # group ids: 2i for task i's first attempts, 2i + 1 for the repairs of one of them (--repair-groups)
+    ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
     # DAPO's dynamic sampling keeps a group when its CORRECTNESS varies: a length penalty or KL term
     # makes almost every group's shaped reward differ, and all-pass / all-fail groups would then
     # train on length / KL noise instead of being replaced by fresh tasks.
     adv, keep = group_advantages(rewards, ids, std=args.adv_std,
                                  signal_from=correct if args.dynamic_sampling else None)
-    stats["passes"] += sum(r.passed for _, r in scored)
-    stats["n_scored"] += len(scored)
-    stats["reward_sum"] += rewards.sum().item()
+    first = torch.tensor([not s.get("repair") for s, _ in scored])   # pass rate and reward: first attempts
+    stats["passes"] += sum(r.passed for s, r in scored if not s.get("repair"))
+    stats["n_scored"] += int(first.sum())
+    stats["reward_sum"] += rewards[first].sum().item()
     stats["groups"] += len(set(ids))
     signal = {t for t, k in zip(ids, keep.tolist()) if k}
     stats["zero_var_groups"] += len(set(ids)) - len(signal)
     for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
-        stats[f"groups/d{tasks[t].difficulty}"] += 1
-        stats[f"signal/d{tasks[t].difficulty}"] += t in signal
+        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
+        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
     groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
-    for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
+    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
         if k:   # only what training needs (queued groups go into the checkpoint)
             part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
                 {x: s.get(x) for x in needed}
-            groups.setdefault(s["task_idx"], []).append({**part, "adv": a})
+            groups.setdefault(g, []).append({**part, "adv": a})
     return [groups[t] for t in sorted(groups)]
 
 

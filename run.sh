@@ -9,8 +9,8 @@
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
-#         TURNS=3 bash run.sh      # multi-turn episodes: repair data, single-turn RL, then RL and eval with up
-#                                  # to 3 attempts and test feedback (61 min on a slow 2-core VM instance)
+#         TURNS=3 bash run.sh      # test feedback: repair data, single-turn RL, RL that also trains repairs,
+#                                  # eval with up to 3 attempts (about 47 min on a fast 2-core VM instance)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -38,14 +38,15 @@ if [ "$TURNS" -gt 1 ]; then
   run_stage repair python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" --repair-frac 0.25 \
     "${REPAIR_ARGS[@]}" --out-dir "$OUT/repair"
   REPAIR_CKPT=$(json_get "$OUT/repair.json" ckpt)
-  # Multi-turn RL after single-turn RL: single-turn steps are 3-4x cheaper and teach the first attempt;
-  # the episode stage then teaches the repair, on a fresh draw of the train stream (--task-seed 2).
-  # The episode stage's in-run evals are skipped (they took a quarter of its clock); the eval stage
-  # measures the base and both RL checkpoints side by side (README, "Multi-turn RL after single-turn RL").
+  # Single-turn RL first (its steps are 2-3x cheaper than episode steps and teach the first attempt), then
+  # a second stage that also teaches the repair, on a fresh draw of the train stream (--task-seed 2):
+  # repair groups, G repairs of one failed attempt per task read its feedback (README section 4; on two
+  # seeds they did better than the same clock of --turns 3 episodes). Its in-run evals are skipped; the
+  # eval stage measures the base and both RL checkpoints side by side, with up to $TURNS attempts.
   run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$REPAIR_CKPT" --out-dir "$OUT/rl1" --turns 1
   RL1_CKPT=$(json_get "$OUT/rl1.json" ckpt)
-  run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns "$TURNS" \
-    --task-seed 2 --no-eval
+  run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns 1 \
+    --repair-groups --task-seed 2 --no-eval
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --ckpt "$REPAIR_CKPT" --ckpt "$RL1_CKPT" --ckpt "$RL_CKPT" \
     --label repair-base --label rl-1turn --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED" --turns "$TURNS"
@@ -62,7 +63,7 @@ echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
 [ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts," \
                           "checkpoint $REPAIR_CKPT)"
-[ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL before the episodes, checkpoint $RL1_CKPT)"
+[ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL before the repair stage, checkpoint $RL1_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"
 echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json (TURNS > 1: also repair, rl1)"

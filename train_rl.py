@@ -11,6 +11,7 @@ eval.sample_completions -> env.extract_completion -> env.SandboxPool).
   ablations (one flag each): --adv-std (GRPO advantages), --loss-norm token (DAPO) | sequence (GRPO),
     --no-router-replay, --kl-coef 0.01, --fractional, --len-penalty 0.02, --no-dynamic-sampling,
     --ppo-epochs 2, --eps-high 0.2 (no clip-higher), --no-pack-prompts (each prompt fed per sample)
+  feedback (README section 4): --turns 3 (episodes), --repair-groups (single-turn groups + repairs of a failure)
 
 One step (main() reads as this list): take the next --batch-tasks tasks of the train split (a
 fixed stream, never revisited: single epoch), sample --group-size completions each, score them in
@@ -106,6 +107,10 @@ g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or
                                       "programs, which redraw the level), e.g. 1,2-3,2-3")
 g.add_argument("--turns", type=int, default=1, help="attempts per episode: after a failed visible example the model "
                                                      "reads the feedback and tries again (agent.py); 1 = single-shot")
+g.add_argument("--repair-groups", action="store_true",
+               help="also sample G repairs of one failed attempt per task (its feedback in the context) as a "
+                    "group of their own: the self-repair tree of Olausson et al. 2023 (rollouts.repair_rollout); "
+                    "--turns 1 only")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true", help="reward = fraction of tests passed (default: 1 if all pass)")
@@ -212,6 +217,8 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
+    if args.turns > 1 and args.repair_groups:
+        common.die("--repair-groups is for --turns 1 (episodes already sample their repairs)")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:

@@ -130,6 +130,75 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
     assert [e["turns"][0]["tokens"] for e in one] == [s["tokens"] for s in ref]
 
 
+def test_repair_prompt_is_what_the_second_turn_reads(tiny, pool):
+    """agent.repair_prompt (the context --repair-groups samples repairs from) is, id for id, what an
+    episode's second turn continues from: turn 1's prompt and tokens as its cache holds them, then
+    turn 2's feed."""
+    model, tok, _ = tiny
+    ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
+    eps = agent.run_episodes(model, tok, ts, 2, 2, pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
+    two = [e for e in eps if len(e["turns"]) == 2]
+    assert two
+    for e in two:
+        t = ts[e["task_idx"]]
+        a, b = e["turns"]
+        seen = pool.run_batch([env.visible_task(t)], [a["completion"]])[0]
+        assert agent.repair_prompt(tok, t, a, seen) == a["prompt_ids"] + a["tokens"][:-1] + b["prompt_ids"]
+
+
+def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tmp_path, monkeypatch):
+    """--repair-groups: in each task a first attempt solved, G repairs branch from the first attempt
+    that fails a visible example, each reading agent.repair_prompt's context; they form a group next
+    to their task's, and the training forward over them (their shared context packed once, router
+    replay) reproduces the sampler's log-probs. The random model solves nothing, so the test calls
+    the first attempt of tasks 0 and 1, and the first repair of each group, a pass."""
+    import rl_metrics
+    import rollouts
+    import train_rl
+    model, tok, path = tiny
+    args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", "smoke", "--device", "cpu", "--init-from",
+                                                            path, "--out-dir", str(tmp_path), "--repair-groups",
+                                                            "--no-eval", "--group-size", "4"])
+    ctx = train_rl.setup(args)
+    ts = generate_tasks("train", 3, seed=0, difficulties=[1])
+    win = lambda r: env.Result(1.0, True, "pass", "", r.n_tests, r.n_tests)
+    roll, branch, seen = rollouts.rollout, rollouts.repair_rollout, {}
+
+    def rigged_rollout(*a):
+        samples, results = roll(*a)
+        results = [win(r) if i in (0, 4) else r for i, r in enumerate(results)]   # task 0's, task 1's first
+        seen.update(samples=samples, results=results)
+        return samples, results
+
+    def rigged_repairs(*a):
+        repairs, results = branch(*a)
+        seen.update(repairs=repairs, repair_results=results)
+        return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
+    monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
+    monkeypatch.setattr(rollouts, "repair_rollout", rigged_repairs)
+    try:
+        stats = rl_metrics.new_stats(args)
+        groups = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, stats)
+        repairs = seen["repairs"]
+        assert stats["repair_roots"] == 2 and [s["task_idx"] for s in repairs] == [0] * 4 + [1] * 4
+        for i in (0, 1):     # the root: the task's first attempt failing the hidden tests and a visible example
+            root = next(s for s, r in zip(seen["samples"], seen["results"]) if s["task_idx"] == i and not r.passed)
+            v = pool.run_batch([env.visible_task(ts[i])], [root["completion"]])[0]
+            assert not v.passed
+            assert all(s["prompt_ids"] == agent.repair_prompt(tok, ts[i], root, v) and s["repair"]
+                       for s in repairs if s["task_idx"] == i)
+        assert [r.outcome for r in seen["repair_results"]] == \
+            [r.outcome for r in pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])]
+        # task 0's group, its repairs, task 1's group, its repairs; task 2 (all fail) has no signal
+        assert [len(g) for g in groups] == [4] * 4
+        assert [g[0]["prompt_ids"] for g in groups[1::2]] == [repairs[0]["prompt_ids"], repairs[4]["prompt_ids"]]
+        assert stats["n_scored"] == 12 and stats["passes"] == 2        # the pass rate counts first attempts only
+        train_rl.update_policy(ctx, groups, 0, stats)
+        assert stats["trained_seqs"] == 16 and stats["mismatch_e0"] / stats["tokens_e0"] < 1e-3
+    finally:
+        ctx.pool.close()
+
+
 def test_an_episode_ends_when_another_turn_would_not_fit(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 4, seed=1, difficulties=[1, 2])

@@ -73,8 +73,8 @@ def test_run_sh_stops_at_first_failing_stage(tmp_path):
 
 def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
     """TURNS=2: a continued pretraining of the base adds repair transcripts, single-turn RL starts
-    from it, episode RL from that, and eval reports the self-repair curve (a list of two values per
-    checkpoint) of all three."""
+    from it, RL with repair groups from that, and eval reports the self-repair curve (a list of two
+    values per checkpoint) of all three."""
     out = tmp_path / "run"
     env = dict(os.environ, PRESET="smoke", OUT=str(out), TURNS="2")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -82,14 +82,17 @@ def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
     stage = dict(re.findall(r"^=== stage (\w+): (.*)$", p.stdout, re.M))   # each stage's command line
     assert "--repair-frac 0.25" in stage["repair"]
     assert f"--init-from {out}/repair/ckpt.pt" in stage["rl1"] and "--turns 1" in stage["rl1"]
-    assert f"--init-from {out}/rl1/ckpt.pt" in stage["rl"] and "--turns 2 --task-seed 2 --no-eval" in stage["rl"]
+    assert f"--init-from {out}/rl1/ckpt.pt" in stage["rl"]
+    assert "--turns 1 --repair-groups --task-seed 2 --no-eval" in stage["rl"]
     assert f"--ckpt {out}/repair/ckpt.pt --ckpt {out}/rl1/ckpt.pt --ckpt {out}/rl/ckpt.pt" in stage["eval"]
     repair = json.loads((out / "repair.json").read_text())
     assert repair["data"]["tasks"]["docs"] > 0 and (out / "pretrain" / "ckpt.pt").is_file()
     rl1 = json.loads((out / "rl1.json").read_text())
     assert rl1["steps"] > 0 and "pass@1_by_turn_after" not in rl1     # single-turn
     rl = json.loads((out / "rl.json").read_text())
-    assert rl["steps"] > 0 and rl["pass@1_by_turn_after"] == [None, None]   # no in-run evals: the eval stage's job
+    assert rl["steps"] > 0 and rl["pass@1_after"] is None           # no in-run evals: the eval stage's job
+    with open(out / "rl" / "metrics.jsonl") as f:
+        assert all("repair_roots" in r for r in map(json.loads, f) if "eval" not in r)
     ev = json.loads((out / "eval.json").read_text())
     labels = {"repair-base", "rl-1turn", "rl"}
     assert {k: len(v) for k, v in ev["pass@1_by_turn"].items()} == dict.fromkeys(labels, 2)
