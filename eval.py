@@ -95,6 +95,8 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
     device = next(model.parameters()).device
     if prompts is None:
         prompts, truncated = agent.encode_prompts(model, tok, tasks, max_new_tokens)
+    elif len(prompts) != len(tasks):
+        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
     else:
         truncated = [False] * len(prompts)
     rows = [i for i in range(len(tasks)) for _ in range(n)]

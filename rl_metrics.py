@@ -29,7 +29,7 @@ def new_stats(args):
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
              "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
              "sandbox_s", "train_s", "prefilter_s", "prefilter_n", "prefilter_kept",
-             "prefilter_all", "repair_roots", "repair_passes"]
+             "prefilter_all", "repair_roots", "repair_n", "repair_passes"]
     keys += [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Counter(dict.fromkeys(keys, 0))
 
@@ -53,8 +53,10 @@ def record(ctx, step, stats, pbar):
     """One metrics.jsonl line per step (rank 0), the progress bar, and the reward-hack warning."""
     args, s = ctx.args, reduce_stats(ctx, stats)
     ntok, nsc, last = max(s["tokens_e0"], 1), max(s["n_scored"], 1), args.ppo_epochs - 1
-    rec = {"step": step + 1, "lr": stats["lr"], "loss": s["loss_e0"], "reward": s["reward_sum"] / nsc,
-           "pass_rate": s["passes"] / nsc, "zero_var_frac": s["zero_var_groups"] / max(s["groups"], 1),
+    # None where the step sampled nothing (--repair-groups: a step of queued groups alone)
+    per = lambda k, n: s[k] / s[n] if s[n] else None
+    rec = {"step": step + 1, "lr": stats["lr"], "loss": s["loss_e0"], "reward": per("reward_sum", "n_scored"),
+           "pass_rate": per("passes", "n_scored"), "zero_var_frac": s["zero_var_groups"] / max(s["groups"], 1),
            "trained_seqs": stats["trained_seqs"], "len_mean": s["len_sum"] / max(s["len_n"], 1),
            "len_max": s["len_max"], "entropy": s["entropy_e0"] / ntok, "kl_old": s["kl_old_e0"] / ntok,
            "logp_mismatch": s["mismatch_e0"] / ntok, "clip_frac": s["clip_e0"] / ntok,
@@ -71,8 +73,7 @@ def record(ctx, step, stats, pbar):
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
     if args.repair_groups:   # failed attempts branched, and the pass rate of their repairs
-        rec.update(repair_roots=s["repair_roots"],
-                   repair_pass_rate=s["repair_passes"] / max(s["repair_roots"] * args.group_size, 1))
+        rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"))
     rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})
     rec.update({k: x for k, x in stats["moe"].items() if not k.startswith("moe/l") or "tokens_e" not in k})
     for k in ("gen_s", "sandbox_s", "train_s"):
@@ -88,7 +89,9 @@ def record(ctx, step, stats, pbar):
                    f"see hack/* in {ctx.metrics_path}")
     if ctx.master:
         common.log_metrics(ctx.metrics_path, rec)
-        pbar.set_postfix_str(f"reward {rec['reward']:.3f} pass {rec['pass_rate']:.3f} zv {rec['zero_var_frac']:.2f} "
+        head = "queued groups only" if rec["reward"] is None else \
+            f"reward {rec['reward']:.3f} pass {rec['pass_rate']:.3f}"
+        pbar.set_postfix_str(f"{head} zv {rec['zero_var_frac']:.2f} "
                              f"len {rec['len_mean']:.0f} ent {rec['entropy']:.2f} gen/box/train "
                              f"{rec['gen_s']:.1f}/{rec['sandbox_s']:.1f}/{rec['train_s']:.1f}s")
 

@@ -60,6 +60,18 @@ def prefilter(ctx, tasks, keys, n, stats):
     return [tasks[i] for i in keep], [keys[i] for i in keep]
 
 
+def sampling_kw(ctx):
+    """The sampler's arguments, the same for first attempts, episodes and repairs."""
+    a = ctx.args
+    return dict(n=a.group_size, temperature=a.temperature, max_new_tokens=a.max_new_tokens, top_p=a.top_p,
+                batch_size=a.gen_batch, return_routes=ctx.replay)
+
+
+def rng(ctx, x):
+    """The sampler's random stream number x (a step's seed, or a task's stream index) under --seed."""
+    return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * 1_000_003 + x) % 2**62)
+
+
 def rollout(ctx, tasks, keys, seed, stats):
     """G completions per task through the shared harness (eval.sample_completions), each generated
     batch sandboxed while the next one is generated; with --turns > 1, G episodes per task
@@ -67,9 +79,7 @@ def rollout(ctx, tasks, keys, seed, stats):
     args, futures, t0 = ctx.args, [], time.time()
     submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
                                                             [s["completion"] for s in b], fractional=args.fractional))
-    kw = dict(n=args.group_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-              top_p=args.top_p, batch_size=args.gen_batch, return_routes=ctx.replay)
-    make_gen = lambda x: torch.Generator(device=ctx.device).manual_seed((args.seed * 1_000_003 + x) % 2**62)
+    kw, make_gen = sampling_kw(ctx), lambda x: rng(ctx, x)
     if args.turns > 1:                     # multi-turn episodes: one sample = one episode (agent.py)
         samples = agent.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
                                      generator=make_gen(seed), fractional=args.fractional, **kw)
@@ -94,40 +104,52 @@ def rollout(ctx, tasks, keys, seed, stats):
     return samples, results
 
 
-def repair_rollout(ctx, tasks, samples, results, seed, stats):
-    """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
-    for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
-    In each task that some first attempt solved, the first attempt that fails both its hidden tests
-    and a visible example becomes the root of G repairs, each sampled from the second turn's context
-    (agent.repair_prompt: the prompt, that attempt, its feedback). The G repairs read the same
-    failure, so their group-relative advantage ranks repairs against each other: a fix above a
-    resubmission of the failed code. Where no first attempt passed, a repair rarely does either, so
-    those tasks are not branched. Returns (repairs marked "repair", their hidden-test results)."""
-    args, t0 = ctx.args, time.time()
+def repair_roots(ctx, tasks, samples, results):
+    """{task index: the context its repairs are sampled from} for repair_rollout: in each task that a
+    first attempt solved, the first attempt that fails its hidden tests and a visible example, if
+    another turn after it fits the context."""
     solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
     cands = [s for s, r in zip(samples, results) if s["task_idx"] in solved and not r.passed
              and r.outcome != "sandbox_error" and env.visible_task(tasks[s["task_idx"]]) is not None]
-    seen = ctx.pool.run_batch([env.visible_task(tasks[s["task_idx"]]) for s in cands], [s["completion"] for s in cands])
+    seen = ctx.pool.run_batch([env.visible_task(tasks[s["task_idx"]]) for s in cands],
+                              [s["completion"] for s in cands])
     roots = {}
     for s, v in zip(cands, seen):
-        ids = agent.repair_prompt(ctx.tok, tasks[s["task_idx"]], s, v)
-        if s["task_idx"] not in roots and not v.passed and v.outcome != "sandbox_error" \
-                and len(ids) + args.max_new_tokens <= ctx.model.config.seq_len:
-            roots[s["task_idx"]] = ids
+        i = s["task_idx"]
+        if i in roots or v.passed or v.outcome == "sandbox_error":
+            continue
+        ids = agent.repair_prompt(ctx.tok, tasks[i], s, v)
+        if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
+            roots[i] = ids
+    return roots
+
+
+REPAIR_STREAM = 15_485_863   # repairs draw from random streams of their own, apart from the first attempts'
+
+
+def repair_rollout(ctx, tasks, samples, results, seed, stats):
+    """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
+    for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
+    Each root (repair_roots) gets G repairs, sampled from the second turn's context
+    (agent.repair_prompt: the prompt, the failed attempt, its feedback). The G repairs read the same
+    failure, so their group-relative advantage ranks repairs of one failure against each other.
+    Tasks that no first attempt solved are not branched: a repair rarely succeeds where G fresh
+    attempts did not. Returns (repairs marked "repair", their hidden-test results)."""
+    t0 = time.time()
+    roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
-    gen = torch.Generator(device=ctx.device).manual_seed((args.seed * 1_000_003 + seed + 15_485_863) % 2**62)
-    repairs = evaluation.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents], n=args.group_size,
-                                            temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                            top_p=args.top_p, batch_size=args.gen_batch, return_routes=ctx.replay,
-                                            generator=gen, prompts=[roots[i] for i in parents])
+    repairs = evaluation.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
+                                            generator=rng(ctx, seed + REPAIR_STREAM),
+                                            prompts=[roots[i] for i in parents], **sampling_kw(ctx))
     for s in repairs:
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
     t1 = time.time()
     out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
-                             fractional=args.fractional)
+                             fractional=ctx.args.fractional)
     stats["gen_s"] += t1 - t0
     stats["sandbox_s"] += time.time() - t1
     stats["repair_roots"] += len(parents)
+    stats["repair_n"] += len(out)
     stats["repair_passes"] += sum(r.passed for r in out)
     return repairs, out
 
@@ -159,18 +181,21 @@ def sample_groups(ctx, tasks, keys, seed, stats):
         repairs, verdicts = repair_rollout(ctx, tasks, samples, results, seed, stats)
         samples, results = samples + repairs, results + verdicts
     for s, r in zip(samples, results):
+        for t in turns_of(s):        # reward-hack patterns: in everything the model wrote
+            for k, v in env.hack_counts(t["completion"]).items():
+                stats[f"hack/{k}"] += v
+        if s.get("repair"):          # outcomes, lengths, pass rate, reward, KL: of the first attempts
+            continue
         stats[f"outcome/{r.outcome}"] += 1
         stats["len_sum"] += n_generated(s)
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
-        for t in turns_of(s):
-            for k, v in env.hack_counts(t["completion"]).items():
-                stats[f"hack/{k}"] += v
     # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
     scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
     if not scored:
         return []
+    first = torch.tensor([not s.get("repair") for s, _ in scored])
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     rewards = correct.clone()
     if args.len_penalty:
@@ -178,7 +203,7 @@ def sample_groups(ctx, tasks, keys, seed, stats):
         rewards -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
     if ctx.ref is not None:                      # k1 KL to the reference, folded into the reward
         kl = ref_kl(ctx, [s for s, _ in scored])
-        stats["kl_ref_sum"] += kl.sum().item()
+        stats["kl_ref_sum"] += kl[first].sum().item()
         rewards -= args.kl_coef * kl
     # group ids: 2i for task i's first attempts, 2i + 1 for the repairs of one of them (--repair-groups)
     ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
@@ -187,8 +212,7 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     # train on length / KL noise instead of being replaced by fresh tasks.
     adv, keep = group_advantages(rewards, ids, std=args.adv_std,
                                  signal_from=correct if args.dynamic_sampling else None)
-    first = torch.tensor([not s.get("repair") for s, _ in scored])   # pass rate and reward: first attempts
-    stats["passes"] += sum(r.passed for s, r in scored if not s.get("repair"))
+    stats["passes"] += sum(r.passed for (_, r), f in zip(scored, first.tolist()) if f)
     stats["n_scored"] += int(first.sum())
     stats["reward_sum"] += rewards[first].sum().item()
     stats["groups"] += len(set(ids))
@@ -212,7 +236,9 @@ def sample_batch(ctx, step, stats):
     round generates a full --gen-batch (more tasks than are missing: small refill batches generate
     slowly), and the informative groups left over wait in a queue for the next step. A queued group
     is one optimizer step stale (sampled before the last update; the PPO ratio corrects for it),
-    trained on once, and dropped if not used by the next step."""
+    trained on once, and dropped if not used by the next step. With --repair-groups a round can
+    yield up to two groups a task (its own and its repairs'), each one of the step's groups: the
+    surplus is queued with or without dynamic sampling, and a step may train on queued groups alone."""
     args, st = ctx.args, ctx.state
     batch, st["queue"] = st["queue"][:ctx.per_rank], []
     stats["queued_groups"] += len(batch)

@@ -41,8 +41,8 @@ if [ "$TURNS" -gt 1 ]; then
   # Single-turn RL first (its steps are 2-3x cheaper than episode steps and teach the first attempt), then
   # a second stage that also teaches the repair, on a fresh draw of the train stream (--task-seed 2):
   # repair groups, G repairs of one failed attempt per task read its feedback (README section 4; on two
-  # seeds they did better than the same clock of --turns 3 episodes). Its in-run evals are skipped; the
-  # eval stage measures the base and both RL checkpoints side by side, with up to $TURNS attempts.
+  # seeds and in two runs they scored above the same clock of --turns 3 episodes). Its in-run evals are
+  # skipped; the eval stage measures the base and both RL checkpoints side by side, up to $TURNS attempts.
   run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$REPAIR_CKPT" --out-dir "$OUT/rl1" --turns 1
   RL1_CKPT=$(json_get "$OUT/rl1.json" ckpt)
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns 1 \
@@ -63,7 +63,7 @@ echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
 [ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts," \
                           "checkpoint $REPAIR_CKPT)"
-[ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL before the repair stage, checkpoint $RL1_CKPT)"
+[ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL, checkpoint $RL1_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"
 echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json (TURNS > 1: also repair, rl1)"

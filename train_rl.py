@@ -217,8 +217,8 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
-    if args.turns > 1 and args.repair_groups:
-        common.die("--repair-groups is for --turns 1 (episodes already sample their repairs)")
+    if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
+        common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:

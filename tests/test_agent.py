@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -187,14 +188,28 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             assert not v.passed
             assert all(s["prompt_ids"] == agent.repair_prompt(tok, ts[i], root, v) and s["repair"]
                        for s in repairs if s["task_idx"] == i)
-        assert [r.outcome for r in seen["repair_results"]] == \
-            [r.outcome for r in pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])]
+        again = pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])
+        assert [r.outcome for r in seen["repair_results"]] == [r.outcome for r in again]
         # task 0's group, its repairs, task 1's group, its repairs; task 2 (all fail) has no signal
         assert [len(g) for g in groups] == [4] * 4
         assert [g[0]["prompt_ids"] for g in groups[1::2]] == [repairs[0]["prompt_ids"], repairs[4]["prompt_ids"]]
-        assert stats["n_scored"] == 12 and stats["passes"] == 2        # the pass rate counts first attempts only
+        # the pass rate, outcomes and lengths are of the first attempts only
+        assert stats["n_scored"] == 12 and stats["passes"] == 2 and stats["len_n"] == 12
+        assert sum(v for k, v in stats.items() if k.startswith("outcome/")) == 12 and stats["repair_n"] == 8
         train_rl.update_policy(ctx, groups, 0, stats)
         assert stats["trained_seqs"] == 16 and stats["mismatch_e0"] / stats["tokens_e0"] < 1e-3
+        # a step needs 2 groups (--batch-tasks 2): its two tasks give four, two wait in the queue, and the
+        # next step trains on those alone, sampling nothing
+        first = rl_metrics.new_stats(args)
+        assert len(rollouts.sample_batch(ctx, 0, first)) == 2 and len(ctx.state["queue"]) == 2
+        second = rl_metrics.new_stats(args)
+        batch = rollouts.sample_batch(ctx, 1, second)
+        assert len(batch) == 2 and second["rounds"] == 0 and second["n_scored"] == 0
+        train_rl.update_policy(ctx, batch, 1, second)
+        rl_metrics.record(ctx, 1, second, tqdm(disable=True))    # no rates of a step that sampled nothing
+        with open(ctx.metrics_path) as f:
+            rec = json.loads(f.read().splitlines()[-1])
+        assert rec["reward"] is None and rec["pass_rate"] is None and rec["repair_pass_rate"] is None
     finally:
         ctx.pool.close()
 

@@ -566,8 +566,9 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
     assert "no checkpoint at" in fails(["--init-from", str(tmp_path / "nope.pt")] + out, capsys)
     assert "--init-from CKPT is required" in fails(out, capsys)
     assert "--resume: no checkpoint" in fails(["--resume"] + out, capsys)
-    assert "--repair-groups is for --turns 1" in fails(["--init-from", tiny_ckpt, "--turns", "2", "--repair-groups"] + out,
-                                                        capsys)
+    for extra in (["--turns", "2"], ["--sample-seeding", "task"]):
+        assert "--repair-groups is for --turns 1" in fails(["--init-from", tiny_ckpt, "--repair-groups"] + extra + out,
+                                                            capsys)
     err = fails(["--init-from", tiny_ckpt, "--difficulties", "99"] + out, capsys)
     assert err.startswith("error: --difficulties:") and "levels 1..5" in err
     # a checkpoint whose tokenizer has more tokens than the model's vocabulary
