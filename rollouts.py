@@ -79,23 +79,23 @@ def rollout(ctx, tasks, keys, seed, stats):
     args, futures, t0 = ctx.args, [], time.time()
     submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
                                                             [s["completion"] for s in b], fractional=args.fractional))
-    kw, make_gen = sampling_kw(ctx), lambda x: rng(ctx, x)
+    kw = sampling_kw(ctx)
     if args.turns > 1:                     # multi-turn episodes: one sample = one episode (agent.py)
         samples = agent.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
-                                     generator=make_gen(seed), fractional=args.fractional, **kw)
+                                     generator=rng(ctx, seed), fractional=args.fractional, **kw)
         results = [e["result"] for e in samples]
         stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
         return samples, results
     if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
         samples = []
         for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = evaluation.sample_completions(ctx.model, ctx.tok, [task], generator=make_gen(key), **kw)
+            part = evaluation.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
             for s in part:
                 s["task_idx"] = i
             submit(part)
             samples += part
     else:
-        samples = evaluation.sample_completions(ctx.model, ctx.tok, tasks, generator=make_gen(seed),
+        samples = evaluation.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
                                                 on_batch=submit, **kw)
     t1 = time.time()
     results = [r for f in futures for r in f.result()]
@@ -109,10 +109,10 @@ def repair_roots(ctx, tasks, samples, results):
     first attempt solved, the first attempt that fails its hidden tests and a visible example, if
     another turn after it fits the context."""
     solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
-    cands = [s for s, r in zip(samples, results) if s["task_idx"] in solved and not r.passed
-             and r.outcome != "sandbox_error" and env.visible_task(tasks[s["task_idx"]]) is not None]
-    seen = ctx.pool.run_batch([env.visible_task(tasks[s["task_idx"]]) for s in cands],
-                              [s["completion"] for s in cands])
+    visible = {i: env.visible_task(tasks[i]) for i in solved}     # parsed once per task, not per sample
+    cands = [s for s, r in zip(samples, results) if visible.get(s["task_idx"]) is not None and not r.passed
+             and r.outcome != "sandbox_error"]
+    seen = ctx.pool.run_batch([visible[s["task_idx"]] for s in cands], [s["completion"] for s in cands])
     roots = {}
     for s, v in zip(cands, seen):
         i = s["task_idx"]
