@@ -13,12 +13,14 @@ Stdlib + env + tasks only (no torch): corpus.py (task_docs) builds the pretraini
 """
 import argparse
 import ast
+import builtins
 import collections
 import copy
 import dataclasses
 import itertools
 import json
 import random
+import re
 import time
 
 import env
@@ -98,6 +100,27 @@ def _slice_bound(n):     # xs[a:b] -> xs[a + 1:b]; xs[:b] -> xs[:b + 1]
         return ast.Slice(None, _plus(n.upper, 1), n.step)
 
 
+def _rename(free, wrong):  # one use of an argument -> another task's argument name (NameError)
+    def rewrite(n):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in free:
+            return ast.Name(wrong, n.ctx)
+    return rewrite
+
+
+# The names the RL models write for an argument they misremember: the world's argument names
+# (world.ARG_NAMES; most tasks are world's). Each body gets one it does not use, drawn by its rng.
+WRONG_NAMES = sorted({n for ns in world.ARG_NAMES.values() for n in ns})
+
+
+def _free_names(tree):
+    """Names a body reads but never binds and that are no builtins: the function's arguments."""
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    bound |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
+    bound |= {(a.asname or a.name).split(".")[0] for a in ast.walk(tree) if isinstance(a, ast.alias)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - bound - set(dir(builtins))
+
+
 REWRITES = {"operator": _operator, "comparison": _comparison, "plus_one": _off_by_one(1),
             "minus_one": _off_by_one(-1), "branch": _branch, "min_max": _min_max,
             "sort_order": _sort_order, "slice_bound": _slice_bound}
@@ -153,11 +176,16 @@ def _mutant(source, rewrite, target):
 def mutants(solution: str, rng) -> list[str]:
     """Distinct wrong versions of a function BODY (4-space indented lines, a Task's `solution`),
     each one rewrite away from it. Order: one of each kind in turn (kinds and sites shuffled by
-    `rng`), so the first few cover several kinds rather than the most common one (literals)."""
+    `rng`), so the first few cover several kinds rather than the most common one (literals). The
+    kinds: REWRITES, and "name": one use of an argument spelled as another task's argument (a name
+    the body does not use): after wrong answers, the RL models' most common failure (a NameError)."""
     head = "def _f():\n"
     source = head + solution if solution.endswith("\n") else head + solution + "\n"
+    tree = _parse(source)
+    unused = [n for n in WRONG_NAMES if n not in {x.id for x in ast.walk(tree) if isinstance(x, ast.Name)}]
+    kinds = list(REWRITES.values()) + ([_rename(_free_names(tree), rng.choice(unused))] if unused else [])
     by_kind = []
-    for rewrite in REWRITES.values():
+    for rewrite in kinds:
         counter = _Mutate(rewrite, -1)
         counter.visit(_parse(source))
         found = {_mutant(source, rewrite, i) for i in range(counter.sites)} - {None, source}
@@ -173,12 +201,29 @@ def mutants(solution: str, rng) -> list[str]:
 
 # ----------------------------------------------------------------------------- transcripts
 
+def _renamed(task, wrong):
+    """Does `wrong` differ from the task's reference body only in spelling one argument as a name the
+    reference does not use (a "name" mutant)?"""
+    ref = task.solution
+    ref_names = {n.id for n in ast.walk(_parse("def _f():\n" + ref)) if isinstance(n, ast.Name)}
+    new = {n.id for n in ast.walk(_parse("def _f():\n" + wrong)) if isinstance(n, ast.Name)} - ref_names
+    if len(new) != 1:
+        return False
+    back = re.compile(rf"\b{new.pop()}\b")
+    return any(back.sub(a, wrong) == ref for a in _free_names(_parse("def _f():\n" + ref)))
+
+
 def _usable(task, wrong):
     """A wrong attempt that cannot be a held-out function: a mutant of a train function can be a test
     one (add_5 -> add_6, x * 5 -> x + 5), and its text must not reach training even as a wrong answer.
     Refused: a template function that split_of sends to test, any function of a held-out template,
     and any body world.py could write (every line one of world.body_lines()): the world splits by
-    program, which a mutant's text does not give, so no world function is trusted."""
+    program, which a mutant's text does not give, so no world function is trusted. Accepted first: a
+    train function with one argument misspelt (_renamed). Splits never depend on names (tasks.py), so
+    the body with that name spelt alike throughout is the same train function, and spelt both ways it
+    reads one name more than the function has arguments."""
+    if _renamed(task, wrong):
+        return True
     if {ln.strip() for ln in wrong.splitlines() if ln.strip()} <= world.body_lines():
         return False
     try:

@@ -29,7 +29,7 @@ def new_stats(args):
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
              "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
              "sandbox_s", "train_s", "prefilter_s", "prefilter_n", "prefilter_kept",
-             "prefilter_all", "repair_roots", "repair_n", "repair_passes"]
+             "prefilter_all", "repair_roots", "repair_n", "repair_passes", "repair_repeats"]
     keys += [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Counter(dict.fromkeys(keys, 0))
 
@@ -72,8 +72,9 @@ def record(ctx, step, stats, pbar):
                    prefilter_odds_all=s["prefilter_all"] / max(s["prefilter_n"], 1))
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
-    if args.repair_groups:   # failed attempts branched, and the pass rate of their repairs
-        rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"))
+    if args.repair_groups:   # failed attempts branched; the pass and resubmission rates of their repairs
+        rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"),
+                   repair_repeat_rate=per("repair_repeats", "repair_n"))
     rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})
     rec.update({k: x for k, x in stats["moe"].items() if not k.startswith("moe/l") or "tokens_e" not in k})
     for k in ("gen_s", "sandbox_s", "train_s"):

@@ -105,9 +105,9 @@ def rollout(ctx, tasks, keys, seed, stats):
 
 
 def repair_roots(ctx, tasks, samples, results):
-    """{task index: the context its repairs are sampled from} for repair_rollout: in each task that a
-    first attempt solved, the first attempt that fails its hidden tests and a visible example, if
-    another turn after it fits the context."""
+    """{task index: (the context its repairs are sampled from, the failed attempt's code)} for
+    repair_rollout: in each task that a first attempt solved, the first attempt that fails its hidden
+    tests and a visible example, if another turn after it fits the context."""
     solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
     visible = {i: env.visible_task(tasks[i]) for i in solved}     # parsed once per task, not per sample
     cands = [s for s, r in zip(samples, results) if visible.get(s["task_idx"]) is not None and not r.passed
@@ -120,7 +120,7 @@ def repair_roots(ctx, tasks, samples, results):
             continue
         ids = agent.repair_prompt(ctx.tok, tasks[i], s, v)
         if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
-            roots[i] = ids
+            roots[i] = ids, s["completion"]
     return roots
 
 
@@ -134,15 +134,18 @@ def repair_rollout(ctx, tasks, samples, results, seed, stats):
     (agent.repair_prompt: the prompt, the failed attempt, its feedback). The G repairs read the same
     failure, so their group-relative advantage ranks repairs of one failure against each other.
     Tasks that no first attempt solved are not branched: a repair rarely succeeds where G fresh
-    attempts did not. Returns (repairs marked "repair", their hidden-test results)."""
+    attempts did not. A repair that resubmits its root's code unchanged is marked "repeat" (the "no
+    edit" collapse SCoRe describes, Kumar et al. 2024; --repeat-penalty). Returns (repairs marked
+    "repair", their hidden-test results)."""
     t0 = time.time()
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
     repairs = evaluation.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
                                             generator=rng(ctx, seed + REPAIR_STREAM),
-                                            prompts=[roots[i] for i in parents], **sampling_kw(ctx))
+                                            prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
     for s in repairs:
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
+        s["repeat"] = s["completion"].rstrip() == roots[s["task_idx"]][1].rstrip()   # as eval.episode_figures
     t1 = time.time()
     out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
                              fractional=ctx.args.fractional)
@@ -151,6 +154,7 @@ def repair_rollout(ctx, tasks, samples, results, seed, stats):
     stats["repair_roots"] += len(parents)
     stats["repair_n"] += len(out)
     stats["repair_passes"] += sum(r.passed for r in out)
+    stats["repair_repeats"] += sum(s["repeat"] for s in repairs)
     return repairs, out
 
 
@@ -197,6 +201,11 @@ def sample_groups(ctx, tasks, keys, seed, stats):
         return []
     first = torch.tensor([not s.get("repair") for s, _ in scored])
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
+    if args.repeat_penalty:
+        # a resubmitted failure scores below any other failed repair (a fresh try might pass; it cannot),
+        # and counts as signal: a group of failed repairs still learns not to resubmit
+        correct -= args.repeat_penalty * torch.tensor([float(s.get("repeat", False)) for s, _ in scored],
+                                                      dtype=torch.float64)
     rewards = correct.clone()
     if args.len_penalty:
         # every token the model wrote in the episode: solving in fewer, shorter turns earns more

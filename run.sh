@@ -10,7 +10,7 @@
 #         OUT=runs/mine bash run.sh
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
 #         TURNS=3 bash run.sh      # test feedback: repair data, single-turn RL, RL that also trains repairs,
-#                                  # eval with up to 3 attempts (about 47 min on a fast 2-core VM instance)
+#                                  # eval with up to 3 attempts (about 48 min on a fast 2-core VM instance)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -119,6 +119,9 @@ g.add_argument("--len-k", type=float, default=0.01, help="k of C(x) = ((1+kx)^(1
 g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 logarithmic)")
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
+g.add_argument("--repeat-penalty", type=float, default=0.0,
+               help="P: --repair-groups repairs that resubmit the failed attempt unchanged score -P (SCoRe's "
+                    "'no edit' collapse); also counted as correctness by dynamic sampling")
 g.add_argument("--canary-every", type=int, help="mix a canary task (any pass = reward hack) into the batch "
                                                 "every N steps; scored and logged, never trained on; 0 = off")
 g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: env's, by cores)")
@@ -217,6 +220,8 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
+    if args.repeat_penalty and not args.repair_groups:
+        common.die("--repeat-penalty needs --repair-groups (it scores repairs)")
     if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
         common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
     if args.prefilter < 1:

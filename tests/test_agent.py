@@ -174,6 +174,10 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     def rigged_repairs(*a):
         repairs, results = branch(*a)
         seen.update(repairs=repairs, repair_results=results)
+        if seen.get("resubmit"):     # every repair fails; the second of each group resubmits its root
+            for i, s in enumerate(repairs):
+                s["repeat"] = i % 4 == 1
+            return repairs, results
         return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
     monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
     monkeypatch.setattr(rollouts, "repair_rollout", rigged_repairs)
@@ -187,6 +191,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             v = pool.run_batch([env.visible_task(ts[i])], [root["completion"]])[0]
             assert not v.passed
             assert all(s["prompt_ids"] == agent.repair_prompt(tok, ts[i], root, v) and s["repair"]
+                       and s["repeat"] == (s["completion"].rstrip() == root["completion"].rstrip())
                        for s in repairs if s["task_idx"] == i)
         again = pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])
         assert [r.outcome for r in seen["repair_results"]] == [r.outcome for r in again]
@@ -196,6 +201,13 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         # the pass rate, outcomes and lengths are of the first attempts only
         assert stats["n_scored"] == 12 and stats["passes"] == 2 and stats["len_n"] == 12
         assert sum(v for k, v in stats.items() if k.startswith("outcome/")) == 12 and stats["repair_n"] == 8
+        # --repeat-penalty: a group of failed repairs where one resubmits its root is signal, and the
+        # resubmission is ranked below the other failures (advantages -0.375 and +0.125)
+        seen["resubmit"], ctx.args.repeat_penalty = True, 0.5
+        penalised = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, rl_metrics.new_stats(args))
+        assert [len(g) for g in penalised] == [4] * 4
+        assert [[round(x["adv"], 3) for x in g] for g in penalised[1::2]] == [[0.125, -0.375, 0.125, 0.125]] * 2
+        seen["resubmit"], ctx.args.repeat_penalty = False, 0.0
         train_rl.update_policy(ctx, groups, 0, stats)
         assert stats["trained_seqs"] == 16 and stats["mismatch_e0"] / stats["tokens_e0"] < 1e-3
         # a step needs 2 groups (--batch-tasks 2): its two tasks give four, two wait in the queue, and the

@@ -3,6 +3,7 @@ transcripts in the smoke pretraining corpus."""
 import ast
 import dataclasses
 import random
+import re
 
 import numpy as np
 import pytest
@@ -50,6 +51,13 @@ def test_every_kind_of_mutant_and_the_rest_keeps_its_text():
                      ("total - a * b", "total - (a + b)")]:      # precedence: a parenthesis, not total - a + b
         want = BODY.replace(old, new, 1)
         assert want in ms, (old, new)
+    # "name": one use of an argument spelt as another task's argument (a NameError in the sandbox)
+    renamed = [m for m in ms if any(re.search(rf"\b{n}\b", m) and not re.search(rf"\b{n}\b", BODY)
+                                    for n in repair.WRONG_NAMES)]
+    assert renamed and all(sum(a != b for a, b in zip(lines, m.splitlines())) == 1 for m in renamed)
+    for m in renamed:                           # spelt back, the wrong name is one of the arguments
+        w = next(n for n in repair.WRONG_NAMES if re.search(rf"\b{n}\b", m) and not re.search(rf"\b{n}\b", BODY))
+        assert any(re.sub(rf"\b{w}\b", a, m) == BODY for a in ("xs", "lo", "names", "a", "b"))
     swapped = [m for m in ms if "if x < lo:\n            total -= min(x, -1)\n        else:\n" in m]
     assert len(swapped) == 1
     for m in ms:
@@ -57,7 +65,7 @@ def test_every_kind_of_mutant_and_the_rest_keeps_its_text():
         changed = [a for a, b in zip(lines, m.splitlines()) if a != b]
         # one rewrite: the generator argument keeps its text (ast.unparse would write join((w for ...)))
         assert len(changed) <= 2 or m is swapped[0], m
-        assert "' '.join(w for w in sorted(names" in m
+        assert "' '.join(w for w in sorted(" in m
     assert "-0" not in "".join(ms)                       # -1 - 1 is -2, -1 + 1 is not written as -0
 
 
@@ -92,6 +100,8 @@ def test_transcripts_fail_for_real_and_show_only_visible_examples(train, pool):
         for args in t.inputs:                                # hidden inputs never reach the text
             if args not in shown:
                 assert f"{t.entry_point}({', '.join(map(repr, args))})" not in doc
+    misspelt = [r for t, w, r in found if repair._renamed(t, w)]    # the "name" kind fails as a NameError
+    assert misspelt and all("NameError" in r.feedback for r in misspelt)
     assert repair.repair_docs(train, pool, seed=0, frac=0.0) == []
 
 
