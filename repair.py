@@ -20,7 +20,6 @@ import dataclasses
 import itertools
 import json
 import random
-import re
 import time
 
 import env
@@ -113,12 +112,9 @@ WRONG_NAMES = sorted({n for ns in world.ARG_NAMES.values() for n in ns})
 
 
 def _free_names(tree):
-    """Names a body reads but never binds and that are no builtins: the function's arguments."""
-    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    bound |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
-    bound |= {(a.asname or a.name).split(".")[0] for a in ast.walk(tree) if isinstance(a, ast.alias)}
+    """Names the body (`def _f(): ...`) reads but never binds and that are no builtins: its arguments."""
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return read - bound - set(dir(builtins))
+    return read - tasks.local_names(tree.body[0]) - set(dir(builtins))
 
 
 REWRITES = {"operator": _operator, "comparison": _comparison, "plus_one": _off_by_one(1),
@@ -182,7 +178,8 @@ def mutants(solution: str, rng) -> list[str]:
     head = "def _f():\n"
     source = head + solution if solution.endswith("\n") else head + solution + "\n"
     tree = _parse(source)
-    unused = [n for n in WRONG_NAMES if n not in {x.id for x in ast.walk(tree) if isinstance(x, ast.Name)}]
+    used = {x.id for x in ast.walk(tree) if isinstance(x, ast.Name)} | tasks.local_names(tree.body[0])
+    unused = [n for n in WRONG_NAMES if n not in used]
     kinds = list(REWRITES.values()) + ([_rename(_free_names(tree), rng.choice(unused))] if unused else [])
     by_kind = []
     for rewrite in kinds:
@@ -203,14 +200,21 @@ def mutants(solution: str, rng) -> list[str]:
 
 def _renamed(task, wrong):
     """Does `wrong` differ from the task's reference body only in spelling one argument as a name the
-    reference does not use (a "name" mutant)?"""
-    ref = task.solution
-    ref_names = {n.id for n in ast.walk(_parse("def _f():\n" + ref)) if isinstance(n, ast.Name)}
-    new = {n.id for n in ast.walk(_parse("def _f():\n" + wrong)) if isinstance(n, ast.Name)} - ref_names
+    reference does not use (a "name" mutant)? Compared as syntax trees: spelt back, it is the reference."""
+    ref = _parse("def _f():\n" + task.solution)
+    tree = _parse("def _f():\n" + wrong)
+    new = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - {n.id for n in ast.walk(ref) if isinstance(n, ast.Name)}
     if len(new) != 1:
         return False
-    back = re.compile(rf"\b{new.pop()}\b")
-    return any(back.sub(a, wrong) == ref for a in _free_names(_parse("def _f():\n" + ref)))
+    (w,) = new
+    for a in _free_names(ref):
+        back = _parse("def _f():\n" + wrong)
+        for n in ast.walk(back):
+            if isinstance(n, ast.Name) and n.id == w:
+                n.id = a
+        if ast.dump(back) == ast.dump(ref):
+            return True
+    return False
 
 
 def _usable(task, wrong):
@@ -218,10 +222,10 @@ def _usable(task, wrong):
     one (add_5 -> add_6, x * 5 -> x + 5), and its text must not reach training even as a wrong answer.
     Refused: a template function that split_of sends to test, any function of a held-out template,
     and any body world.py could write (every line one of world.body_lines()): the world splits by
-    program, which a mutant's text does not give, so no world function is trusted. Accepted first: a
-    train function with one argument misspelt (_renamed). Splits never depend on names (tasks.py), so
-    the body with that name spelt alike throughout is the same train function, and spelt both ways it
-    reads one name more than the function has arguments."""
+    program, which a mutant's text does not give, so no world function is trusted. Accepted even so:
+    a train function with one argument misspelt (_renamed). Under the task's own signature that body
+    reads a name nothing binds, and no generated function (template or world) reads an unbound name
+    other than a builtin, so it is no task's function; the test below checks it against 12,000."""
     if _renamed(task, wrong):
         return True
     if {ln.strip() for ln in wrong.splitlines() if ln.strip()} <= world.body_lines():

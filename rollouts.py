@@ -202,8 +202,8 @@ def sample_groups(ctx, tasks, keys, seed, stats):
     first = torch.tensor([not s.get("repair") for s, _ in scored])
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     if args.repeat_penalty:
-        # a resubmitted failure scores below any other failed repair (a fresh try might pass; it cannot),
-        # and counts as signal: a group of failed repairs still learns not to resubmit
+        # a resubmitted failure scores P below what it scored (a fresh try might pass; it cannot), and
+        # counts as signal: a group of failed repairs still learns not to resubmit
         correct -= args.repeat_penalty * torch.tensor([float(s.get("repeat", False)) for s, _ in scored],
                                                       dtype=torch.float64)
     rewards = correct.clone()

@@ -131,7 +131,7 @@ _SKIP_FIELDS = {"ctx", "type_comment", "annotation", "returns", "kind", "type_pa
 _DEF_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def _local_names(fn):
+def local_names(fn):
     """Names the function binds itself: arguments (its own, lambdas', inner defs'), assignment and
     loop targets, inner def/class names, `except ... as` names; minus global/nonlocal ones."""
     local, shared = set(), set()
@@ -173,7 +173,7 @@ def _identity_of_def(fn):
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
         body = body[1:]                     # the docstring is wording, not behaviour
-    local, names = _local_names(fn), {}
+    local, names = local_names(fn), {}
     text = _canon(fn.args, local, names) + ":" + _canon(body, local, names)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

@@ -120,8 +120,8 @@ g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
 g.add_argument("--repeat-penalty", type=float, default=0.0,
-               help="P: --repair-groups repairs that resubmit the failed attempt unchanged score -P (SCoRe's "
-                    "'no edit' collapse); also counted as correctness by dynamic sampling")
+               help="P: a --repair-groups repair that resubmits the failed attempt unchanged scores P less (SCoRe's "
+                    "'no edit' collapse); dynamic sampling counts it as correctness (README: no gain measured)")
 g.add_argument("--canary-every", type=int, help="mix a canary task (any pass = reward hack) into the batch "
                                                 "every N steps; scored and logged, never trained on; 0 = off")
 g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: env's, by cores)")
@@ -220,6 +220,8 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
+    if args.repeat_penalty < 0:
+        common.die(f"--repeat-penalty must be >= 0, got {args.repeat_penalty}")
     if args.repeat_penalty and not args.repair_groups:
         common.die("--repeat-penalty needs --repair-groups (it scores repairs)")
     if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):

@@ -174,13 +174,28 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     def rigged_repairs(*a):
         repairs, results = branch(*a)
         seen.update(repairs=repairs, repair_results=results)
-        if seen.get("resubmit"):     # every repair fails; the second of each group resubmits its root
-            for i, s in enumerate(repairs):
-                s["repeat"] = i % 4 == 1
+        if seen.get("resubmit"):     # every repair fails (the random model's do)
             return repairs, results
         return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
+
+    find_roots, sample = rollouts.repair_roots, rollouts.evaluation.sample_completions
+
+    def recorded_roots(*a):
+        seen["roots"] = find_roots(*a)
+        return seen["roots"]
+
+    def resubmitting(*a, **kw):      # with "resubmit": the second repair of each root writes the root's
+        out = sample(*a, **kw)       # code, the others code of their own that fails
+        if kw.get("prompts") is not None and seen.get("resubmit"):
+            parents = sorted(seen["roots"])
+            for k, s in enumerate(out):
+                root = seen["roots"][parents[s["task_idx"]]][1]
+                s["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
+        return out
     monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
     monkeypatch.setattr(rollouts, "repair_rollout", rigged_repairs)
+    monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
+    monkeypatch.setattr(rollouts.evaluation, "sample_completions", resubmitting)
     try:
         stats = rl_metrics.new_stats(args)
         groups = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, stats)
@@ -201,10 +216,15 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         # the pass rate, outcomes and lengths are of the first attempts only
         assert stats["n_scored"] == 12 and stats["passes"] == 2 and stats["len_n"] == 12
         assert sum(v for k, v in stats.items() if k.startswith("outcome/")) == 12 and stats["repair_n"] == 8
-        # --repeat-penalty: a group of failed repairs where one resubmits its root is signal, and the
-        # resubmission is ranked below the other failures (advantages -0.375 and +0.125)
+        assert stats["repair_repeats"] == sum(s["repeat"] for s in repairs)
+        # --repeat-penalty: a repair that resubmits its root (up to trailing whitespace) is marked and
+        # counted; a group of failed repairs where one resubmits is signal, and the resubmission is
+        # ranked below the other failures (advantages -0.375 and +0.125)
         seen["resubmit"], ctx.args.repeat_penalty = True, 0.5
-        penalised = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, rl_metrics.new_stats(args))
+        resub = rl_metrics.new_stats(args)
+        penalised = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, resub)
+        assert [s["repeat"] for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
+        assert resub["repair_repeats"] == 2
         assert [len(g) for g in penalised] == [4] * 4
         assert [[round(x["adv"], 3) for x in g] for g in penalised[1::2]] == [[0.125, -0.375, 0.125, 0.125]] * 2
         seen["resubmit"], ctx.args.repeat_penalty = False, 0.0
@@ -222,6 +242,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         with open(ctx.metrics_path) as f:
             rec = json.loads(f.read().splitlines()[-1])
         assert rec["reward"] is None and rec["pass_rate"] is None and rec["repair_pass_rate"] is None
+        assert rec["repair_repeat_rate"] is None
     finally:
         ctx.pool.close()
 

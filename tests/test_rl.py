@@ -571,6 +571,8 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
                                                             capsys)
     assert "--repeat-penalty needs --repair-groups" in fails(["--init-from", tiny_ckpt, "--repeat-penalty", "0.5"]
                                                              + out, capsys)
+    assert "--repeat-penalty must be >= 0" in fails(["--init-from", tiny_ckpt, "--repair-groups", "--repeat-penalty",
+                                                     "-1"] + out, capsys)
     err = fails(["--init-from", tiny_ckpt, "--difficulties", "99"] + out, capsys)
     assert err.startswith("error: --difficulties:") and "levels 1..5" in err
     # a checkpoint whose tokenizer has more tokens than the model's vocabulary
