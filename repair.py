@@ -202,8 +202,8 @@ def _renamed(task, wrong):
     """Does `wrong` differ from the task's reference body only in spelling one argument as a name the
     reference does not use (a "name" mutant)? Compared as syntax trees: spelt back, it is the reference."""
     ref = _parse("def _f():\n" + task.solution)
-    tree = _parse("def _f():\n" + wrong)
-    new = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - {n.id for n in ast.walk(ref) if isinstance(n, ast.Name)}
+    names = lambda tree: {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    new = names(_parse("def _f():\n" + wrong)) - names(ref)
     if len(new) != 1:
         return False
     (w,) = new
@@ -225,7 +225,7 @@ def _usable(task, wrong):
     program, which a mutant's text does not give, so no world function is trusted. Accepted even so:
     a train function with one argument misspelt (_renamed). Under the task's own signature that body
     reads a name nothing binds, and no generated function (template or world) reads an unbound name
-    other than a builtin, so it is no task's function; the test below checks it against 12,000."""
+    other than a builtin, so it is no task's function (tests/test_repair.py checks 12,000)."""
     if _renamed(task, wrong):
         return True
     if {ln.strip() for ln in wrong.splitlines() if ln.strip()} <= world.body_lines():

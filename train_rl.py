@@ -120,8 +120,9 @@ g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
 g.add_argument("--repeat-penalty", type=float, default=0.0,
-               help="P: a --repair-groups repair that resubmits the failed attempt unchanged scores P less (SCoRe's "
-                    "'no edit' collapse); dynamic sampling counts it as correctness (README: no gain measured)")
+               help="P: a --repair-groups repair that resubmits the failed attempt unchanged scores P less "
+                    "(SCoRe's 'no edit' collapse); dynamic sampling counts it as correctness (README: -1.5 "
+                    "points on the tuning seed; not adopted)")
 g.add_argument("--canary-every", type=int, help="mix a canary task (any pass = reward hack) into the batch "
                                                 "every N steps; scored and logged, never trained on; 0 = off")
 g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: env's, by cores)")

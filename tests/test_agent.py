@@ -225,6 +225,10 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         penalised = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, resub)
         assert [s["repeat"] for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
         assert resub["repair_repeats"] == 2
+        resub["lr"], resub["trained_seqs"], resub["grad_norm"], resub["moe"] = 0.0, 0, 0.0, {}   # no update
+        rl_metrics.record(ctx, 0, resub, tqdm(disable=True))
+        with open(ctx.metrics_path) as f:
+            assert json.loads(f.read().splitlines()[-1])["repair_repeat_rate"] == 0.25
         assert [len(g) for g in penalised] == [4] * 4
         assert [[round(x["adv"], 3) for x in g] for g in penalised[1::2]] == [[0.125, -0.375, 0.125, 0.125]] * 2
         seen["resubmit"], ctx.args.repeat_penalty = False, 0.0
