@@ -143,6 +143,12 @@ def repair_prompt(tok, task, attempt, seen):
     return attempt["prompt_ids"] + attempt["tokens"][:-1] + feedback_feed(tok, task, attempt, seen)[1]
 
 
+def resubmits(attempt, previous):
+    """Does `attempt` resubmit the `previous` attempt's code unchanged (up to trailing whitespace): a
+    try that ignored the feedback? eval.py's repeat rate and --repair-groups' "repeat" both count it."""
+    return attempt["completion"].rstrip() == previous["completion"].rstrip()
+
+
 def context_ids(episode):
     """Every token of an episode in order, as the model saw and wrote them (its last token included)."""
     ids = []

@@ -262,9 +262,8 @@ def episode_figures(tasks, episodes, turns):
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
-        later = [(a["completion"].rstrip(), b["completion"].rstrip())
-                 for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
-        out[f"repeat_rate{name}"] = sum(a == b for a, b in later) / len(later) if later else None
+        later = [agent.resubmits(b, a) for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
+        out[f"repeat_rate{name}"] = sum(later) / len(later) if later else None
         fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
         out[f"feedback_rate{name}"] = len(fed) / len(eps)
         out[f"pass_after_feedback{name}"] = sum(e["result"].passed for e in fed) / len(fed) if fed else None

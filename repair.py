@@ -146,6 +146,13 @@ def _parse(source):
     return tree
 
 
+_HEAD = "def _f():\n"     # a function BODY is parsed and mutated as the body of this function
+
+
+def _as_function(body):
+    return _HEAD + body if body.endswith("\n") else _HEAD + body + "\n"
+
+
 def _mutant(source, rewrite, target):
     """`source` with the target-th site of `rewrite` changed. Only the new node's text is spliced in
     where the old node stood, so the rest keeps its exact text (ast.unparse would restyle the whole
@@ -175,8 +182,7 @@ def mutants(solution: str, rng) -> list[str]:
     `rng`), so the first few cover several kinds rather than the most common one (literals). The
     kinds: REWRITES, and "name": one use of an argument spelled as another task's argument (a name
     the body does not use): after wrong answers, the RL models' most common failure (a NameError)."""
-    head = "def _f():\n"
-    source = head + solution if solution.endswith("\n") else head + solution + "\n"
+    source = _as_function(solution)
     tree = _parse(source)
     used = {x.id for x in ast.walk(tree) if isinstance(x, ast.Name)} | tasks.local_names(tree.body[0])
     unused = [n for n in WRONG_NAMES if n not in used]
@@ -191,8 +197,8 @@ def mutants(solution: str, rng) -> list[str]:
     rng.shuffle(by_kind)
     out = []
     for m in itertools.chain(*itertools.zip_longest(*by_kind)):
-        if m is not None and m[len(head):] not in out:     # two kinds can make the same text (xs[2:])
-            out.append(m[len(head):])
+        if m is not None and m[len(_HEAD):] not in out:    # two kinds can make the same text (xs[2:])
+            out.append(m[len(_HEAD):])
     return out
 
 
@@ -201,14 +207,14 @@ def mutants(solution: str, rng) -> list[str]:
 def _renamed(task, wrong):
     """Does `wrong` differ from the task's reference body only in spelling one argument as a name the
     reference does not use (a "name" mutant)? Compared as syntax trees: spelt back, it is the reference."""
-    ref = _parse("def _f():\n" + task.solution)
+    ref = _parse(_as_function(task.solution))
     names = lambda tree: {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    new = names(_parse("def _f():\n" + wrong)) - names(ref)
+    new = names(_parse(_as_function(wrong))) - names(ref)
     if len(new) != 1:
         return False
     (w,) = new
     for a in _free_names(ref):
-        back = _parse("def _f():\n" + wrong)
+        back = _parse(_as_function(wrong))
         for n in ast.walk(back):
             if isinstance(n, ast.Name) and n.id == w:
                 n.id = a

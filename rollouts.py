@@ -105,7 +105,7 @@ def rollout(ctx, tasks, keys, seed, stats):
 
 
 def repair_roots(ctx, tasks, samples, results):
-    """{task index: (the context its repairs are sampled from, the failed attempt's code)} for
+    """{task index: (the context its repairs are sampled from, the failed attempt)} for
     repair_rollout: in each task that a first attempt solved, the first attempt that fails its hidden
     tests and a visible example, if another turn after it fits the context."""
     solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
@@ -120,7 +120,7 @@ def repair_roots(ctx, tasks, samples, results):
             continue
         ids = agent.repair_prompt(ctx.tok, tasks[i], s, v)
         if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
-            roots[i] = ids, s["completion"]
+            roots[i] = ids, s
     return roots
 
 
@@ -145,7 +145,7 @@ def repair_rollout(ctx, tasks, samples, results, seed, stats):
                                             prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
     for s in repairs:
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
-        s["repeat"] = s["completion"].rstrip() == roots[s["task_idx"]][1].rstrip()   # as eval.episode_figures
+        s["repeat"] = agent.resubmits(s, roots[s["task_idx"]][1])
     t1 = time.time()
     out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
                              fractional=ctx.args.fractional)

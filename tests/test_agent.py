@@ -189,7 +189,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         if kw.get("prompts") is not None and seen.get("resubmit"):
             parents = sorted(seen["roots"])
             for k, s in enumerate(out):
-                root = seen["roots"][parents[s["task_idx"]]][1]
+                root = seen["roots"][parents[s["task_idx"]]][1]["completion"]
                 s["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
         return out
     monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
