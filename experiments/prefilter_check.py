@@ -18,11 +18,11 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-import common  # noqa: E402
+from infra import common  # noqa: E402
 import env  # noqa: E402
-import eval as evaluation  # noqa: E402
-import rollouts  # noqa: E402
-from tasks import generate_tasks, parse_difficulties  # noqa: E402
+from rl import rollouts  # noqa: E402
+from data.tasks import generate_tasks, parse_difficulties  # noqa: E402
+from infra import engine  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("--ckpt", required=True, help="a train_pretrain.py or train_rl.py checkpoint")
@@ -54,7 +54,7 @@ def main(argv=None):
     ctx = SimpleNamespace(model=model, tok=tok, args=rl_args, device=torch.device("cpu"))
     _, kept = rollouts.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
     kept = set(kept)
-    samples = evaluation.sample_completions(model, tok, tasks, n=args.group_size, temperature=args.temperature,
+    samples = engine.sample_completions(model, tok, tasks, n=args.group_size, temperature=args.temperature,
                                             max_new_tokens=args.max_new_tokens, batch_size=128,
                                             generator=torch.Generator().manual_seed(0))
     pool = env.SandboxPool(timeout_s=1.0)

@@ -13,12 +13,12 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import agent  # noqa: E402
-import common  # noqa: E402
+from infra import common  # noqa: E402
 import env  # noqa: E402
-import decode  # noqa: E402
+from infra import engine  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tasks import Task, generate_tasks, load_humaneval  # noqa: E402
-from tokenizer import train_tokenizer  # noqa: E402
+from data.tasks import Task, generate_tasks, load_humaneval  # noqa: E402
+from data.tokenizer import train_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_generate_streams_is_generate_per_share():
 
     def per_share(prompts, n, seed, past=None):
         seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-        with decode.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
+        with engine.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
             return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
                     for o in model.generate(prompts[a:b], n, generator=torch.Generator().manual_seed(s),
                                             past=past[a:b] if past else None, **kw)]
@@ -67,16 +67,16 @@ def test_generate_streams_is_generate_per_share():
             assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
     g = torch.Generator()
     for _ in range(3):   # threads interleave differently each time
-        first = decode.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
+        first = engine.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
         same(first, per_share(prompts, 8, 0))
     feeds = [[7, 7]] * 48
     pasts = [o["past"] for o in first]
-    same(decode.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
+    same(engine.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
          per_share(feeds, 5, 1, pasts))
     # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
-        one = decode.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-        with decode.cpu_threads(1):
+        one = engine.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        with engine.cpu_threads(1):
             assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
@@ -112,49 +112,49 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
     visible example, and the hidden tests judged every attempt."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = agent.run_episodes(model, tok, ts, 3, 3, pool, temperature=1.0, max_new_tokens=12, batch_size=8,
+    eps = engine.run_episodes(model, tok, ts, 3, 3, pool, temperature=1.0, max_new_tokens=12, batch_size=8,
                              generator=torch.Generator().manual_seed(0))
     assert [e["task_idx"] for e in eps] == [i for i in range(6) for _ in range(3)]
     assert max(len(e["turns"]) for e in eps) == 3                         # a random model fails and retries
     for e in eps:
         t = ts[e["task_idx"]]
-        text = tok.decode([i for i in agent.context_ids(e) if i < tok.eot_id])
+        text = tok.decode([i for i in engine.context_ids(e) if i < tok.eot_id])
         assert text == env.render_episode(t, [(x["text"], x["feedback"]) for x in e["turns"]])
         assert len(e["results"]) == len(e["turns"]) and e["result"] is e["results"][-1]
         assert all(x["feedback"] for x in e["turns"][:-1]) and not e["turns"][-1]["feedback"]
         for x, r in zip(e["turns"], e["results"]):
             assert r.outcome == pool.run_batch([t], [x["completion"]])[0].outcome
     # one turn is exactly the single-shot sampler (same generator, same batches)
-    one = agent.run_episodes(model, tok, ts, 3, 1, pool, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
+    one = engine.run_episodes(model, tok, ts, 3, 1, pool, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
     import eval as evaluation
-    ref = evaluation.sample_completions(model, tok, ts, 3, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
+    ref = engine.sample_completions(model, tok, ts, 3, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
     assert [e["turns"][0]["tokens"] for e in one] == [s["tokens"] for s in ref]
 
 
 def test_repair_prompt_is_what_the_second_turn_reads(tiny, pool):
-    """agent.repair_prompt (the context --repair-groups samples repairs from) is, id for id, what an
+    """engine.repair_prompt (the context --repair-groups samples repairs from) is, id for id, what an
     episode's second turn continues from: turn 1's prompt and tokens as its cache holds them, then
     turn 2's feed."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = agent.run_episodes(model, tok, ts, 2, 2, pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, 2, pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
     two = [e for e in eps if len(e["turns"]) == 2]
     assert two
     for e in two:
         t = ts[e["task_idx"]]
         a, b = e["turns"]
         seen = pool.run_batch([env.visible_task(t)], [a["completion"]])[0]
-        assert agent.repair_prompt(tok, t, a, seen) == a["prompt_ids"] + a["tokens"][:-1] + b["prompt_ids"]
+        assert engine.repair_prompt(tok, t, a, seen) == a["prompt_ids"] + a["tokens"][:-1] + b["prompt_ids"]
 
 
 def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tmp_path, monkeypatch):
     """--repair-groups: in each task a first attempt solved, G repairs branch from the first attempt
-    that fails a visible example, each reading agent.repair_prompt's context; they form a group next
+    that fails a visible example, each reading engine.repair_prompt's context; they form a group next
     to their task's, and the training forward over them (their shared context packed once, router
     replay) reproduces the sampler's log-probs. The random model solves nothing, so the test calls
     the first attempt of tasks 0 and 1, and the first repair of each group, a pass."""
-    import rl_metrics
-    import rollouts
+    from rl import metrics as rl_metrics
+    from rl import rollouts
     import train_rl
     model, tok, path = tiny
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", "smoke", "--device", "cpu", "--init-from",
@@ -178,7 +178,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             return repairs, results
         return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
 
-    find_roots, sample = rollouts.repair_roots, rollouts.evaluation.sample_completions
+    find_roots, sample = rollouts.repair_roots, rollouts.engine.sample_completions
 
     def recorded_roots(*a):
         seen["roots"] = find_roots(*a)
@@ -195,7 +195,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
     monkeypatch.setattr(rollouts, "repair_rollout", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
-    monkeypatch.setattr(rollouts.evaluation, "sample_completions", resubmitting)
+    monkeypatch.setattr(rollouts.engine, "sample_completions", resubmitting)
     try:
         stats = rl_metrics.new_stats(args)
         groups = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, stats)
@@ -205,7 +205,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             root = next(s for s, r in zip(seen["samples"], seen["results"]) if s["task_idx"] == i and not r.passed)
             v = pool.run_batch([env.visible_task(ts[i])], [root["completion"]])[0]
             assert not v.passed
-            assert all(s["prompt_ids"] == agent.repair_prompt(tok, ts[i], root, v) and s["repair"]
+            assert all(s["prompt_ids"] == engine.repair_prompt(tok, ts[i], root, v) and s["repair"]
                        and s["repeat"] == (s["completion"].rstrip() == root["completion"].rstrip())
                        for s in repairs if s["task_idx"] == i)
         again = pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])
@@ -255,7 +255,7 @@ def test_an_episode_ends_when_another_turn_would_not_fit(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 4, seed=1, difficulties=[1, 2])
     room = model.config.seq_len - min(len(tok.encode(t.prompt)) for t in ts)   # turn 2 cannot fit
-    eps = agent.run_episodes(model, tok, ts, 2, 3, pool, 1.0, room, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, 3, pool, 1.0, room, generator=torch.Generator().manual_seed(0))
     assert all(len(e["turns"]) == 1 and e["turns"][0]["feedback"] == "" for e in eps)
 
 
@@ -274,7 +274,7 @@ class LosingPool:
 def test_a_lost_feedback_run_is_not_the_models_failure(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 2, seed=1, difficulties=[1, 2])
-    eps = agent.run_episodes(model, tok, ts, 2, 3, LosingPool(pool), 1.0, 12, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, 3, LosingPool(pool), 1.0, 12, generator=torch.Generator().manual_seed(0))
     assert all(len(e["turns"]) == 1 and e["result"].outcome == "sandbox_error" for e in eps)
     assert all(e["results"][0].outcome != "sandbox_error" for e in eps)      # the hidden verdict is still kept
 

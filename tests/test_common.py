@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-import common
+from infra import common
 
 PRESETS = {"smoke": {"steps": 3, "lr": 0.1}, "cpu": {"steps": 100, "lr": 0.01}, "gpu": {"steps": 1000, "lr": 0.001}}
 

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import corpus
+from data import corpus
 import env
-from tasks import generate_tasks, load_humaneval
+from data.tasks import generate_tasks, load_humaneval
+from data import repair
+from data import tasks  # noqa: E402
 
 
 def test_parse_sources_names_unnamed_sources_and_drops_zero_weights(tmp_path):
@@ -55,12 +57,12 @@ def test_read_jsonl_counts_what_it_skips(tmp_path):
 
 def test_tasks_source_keeps_to_the_task_difficulties():
     args = SimpleNamespace(tasks_n=60, seed=0, task_difficulties="1-2", repair_frac=0.0, source_mb=0)
-    docs = list(corpus.load_source("tasks", None, Counter(), args))
+    docs = list(corpus.load_source("tasks", None, Counter(), args, lambda: repair.tasks_source(args)))
     wanted = generate_tasks("train", 60, seed=0, difficulties=[1, 2])
     assert {t.difficulty for t in wanted} == {1, 2}
     assert docs == [env.corpus_text(t) for t in wanted]
     args.task_difficulties = ""
-    everything = list(corpus.load_source("tasks", None, Counter(), args))
+    everything = list(corpus.load_source("tasks", None, Counter(), args, lambda: repair.tasks_source(args)))
     assert docs != everything and everything == [env.corpus_text(t) for t in generate_tasks("train", 60, seed=0)]
 
 
@@ -72,13 +74,13 @@ def test_inputs_targets_feed_context_ids_but_never_train_on_them():
 
 
 def test_heldout_filter_catches_renamed_functions_and_copied_prompts():
-    index = corpus.heldout_index(50)
+    index = tasks.heldout_index(50)
     task = generate_tasks("test", 50, seed=0)[3]
-    assert corpus.is_heldout(env.corpus_text(task), index)
-    assert corpus.is_heldout("import math\n\n" + load_humaneval()[0].prompt + "    pass\n", index)   # the prompt
-    assert corpus.is_heldout("def plus(p, q):\n    return p + q\n", index)                          # HumanEval/53
-    assert not corpus.is_heldout("def keep(v):\n    return v + 100003\n", index)
-    assert not corpus.is_heldout("plain text, no code\n", index)
+    assert tasks.is_heldout(env.corpus_text(task), index)
+    assert tasks.is_heldout("import math\n\n" + load_humaneval()[0].prompt + "    pass\n", index)   # the prompt
+    assert tasks.is_heldout("def plus(p, q):\n    return p + q\n", index)                          # HumanEval/53
+    assert not tasks.is_heldout("def keep(v):\n    return v + 100003\n", index)
+    assert not tasks.is_heldout("plain text, no code\n", index)
 
 
 def test_bits_per_byte_skips_special_tokens():

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import env
-import families
-import tasks
+from data import families
+from data import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -229,14 +229,14 @@ def test_worker_restart():
 
 def test_cli(tmp_path):
     out = tmp_path / "t.jsonl"
-    cmd = [sys.executable, os.path.join(ROOT, "env.py"), "export", "--split", "test", "--n", "7", "--out", str(out), "--difficulties", "1,2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    cmd = [sys.executable, "-m", "data.tasks", "export", "--split", "test", "--n", "7", "--out", str(out), "--difficulties", "1,2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["n_tasks"] == 7
     assert [t.difficulty in (1, 2) for t in tasks.load_tasks(out)] == [True] * 7
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "env.py"), "show", "--split", "train", "--n", "2"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "data.tasks", "show", "--split", "train", "--n", "2"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.count("def ") >= 2 and json.loads(r.stdout.strip().splitlines()[-1])["cmd"] == "show"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "env.py"), "export", "--n", "1", "--out", str(out), "--families", "nope"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "data.tasks", "export", "--n", "1", "--out", str(out), "--families", "nope"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.startswith("error:")
 
 

@@ -10,11 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import common
-import corpus
+from infra import common
+from data import corpus
 import env
-from tasks import generate_tasks
+from data.tasks import generate_tasks
 import eval as ev
+from infra import engine
+from rl import algo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,19 +33,19 @@ def last_json(stdout):
 # --------------------------------------------------------------------------------- pass@k
 
 def test_pass_at_k_hand_values():
-    assert ev.pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert ev.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)        # 1 - C(7,5)/C(10,5)
-    assert ev.pass_at_k(4, 1, 2) == pytest.approx(0.5)                   # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    assert ev.pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)            # 1 - C(3,3)/C(5,3)
-    assert ev.pass_at_k(200, 1, 100) == pytest.approx(0.5)               # one correct in 200, draw half
-    assert ev.pass_at_k(10, 8, 5) == 1.0                                 # n - c < k
-    assert ev.pass_at_k(7, 0, 7) == 0.0
-    assert ev.pass_at_k(7, 7, 1) == 1.0
+    assert algo.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert algo.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)        # 1 - C(7,5)/C(10,5)
+    assert algo.pass_at_k(4, 1, 2) == pytest.approx(0.5)                   # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert algo.pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)            # 1 - C(3,3)/C(5,3)
+    assert algo.pass_at_k(200, 1, 100) == pytest.approx(0.5)               # one correct in 200, draw half
+    assert algo.pass_at_k(10, 8, 5) == 1.0                                 # n - c < k
+    assert algo.pass_at_k(7, 0, 7) == 0.0
+    assert algo.pass_at_k(7, 7, 1) == 1.0
     # the product form equals the combinatorial definition
     for n, c, k in [(20, 5, 10), (13, 2, 4), (50, 10, 25)]:
-        assert ev.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+        assert algo.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
     with pytest.raises(ValueError):
-        ev.pass_at_k(3, 1, 5)                                            # k > n is undefined
+        algo.pass_at_k(3, 1, 5)                                            # k > n is undefined
 
 
 def test_summarize_excludes_sandbox_errors():
@@ -173,7 +175,7 @@ def test_bad_task_file_and_missing_args(tmp_path, capsys):
 def tiny(tmp_path_factory):
     """A tiny tokenizer trained on solved train tasks and two tiny random MoE checkpoints."""
     from model import GPT, GPTConfig
-    from tokenizer import train_tokenizer
+    from data.tokenizer import train_tokenizer
     tok = train_tokenizer([env.corpus_text(t) for t in generate_tasks("train", 200, seed=1)], 400)
     d = tmp_path_factory.mktemp("ckpts")
     paths, models = [], []
@@ -211,8 +213,8 @@ def test_bits_per_byte_of_uniform_model_is_log2_vocab_per_byte(tiny):
 
 
 def test_bits_per_byte_real_model_is_finite(tiny):
-    held = corpus.heldout_code_texts()
-    assert set(held) == {"stdlib", "tasks"} and held["stdlib"] and held["tasks"]
+    held = {"stdlib": corpus.heldout_code_texts(), "tasks": [env.corpus_text(t) for t in generate_tasks("test", 5, seed=0)]}
+    assert held["stdlib"] and all(isinstance(t, str) and t for t in held["stdlib"])
     for texts in held.values():
         bpb = corpus.bits_per_byte(tiny.models[0], tiny.tok, texts, max_tokens=300)
         assert math.isfinite(bpb) and bpb > 0
@@ -222,9 +224,9 @@ def test_sample_completions_shape_determinism_routes(tiny):
     model, tok = tiny.models[0], tiny.tok
     tasks = generate_tasks("test", 3, seed=0)
     kw = dict(n=2, temperature=1.0, max_new_tokens=12, batch_size=4)
-    a = ev.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5),
+    a = engine.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5),
                               return_routes=True, **kw)
-    b = ev.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5), **kw)
+    b = engine.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5), **kw)
     assert [s["task_idx"] for s in a] == [0, 0, 1, 1, 2, 2]
     assert [s["tokens"] for s in a] == [s["tokens"] for s in b]          # same seed, same samples
     for s in a:
@@ -236,10 +238,10 @@ def test_sample_completions_shape_determinism_routes(tiny):
         assert tuple(s["routes"].shape) == (model.n_moe_layers, len(s["prompt_ids"]) + len(s["tokens"]) - 1,
                                             model.config.top_k)
     assert a[0]["prompt_truncated"]                                     # task 0's prompt is long
-    g = ev.sample_completions(model, tok, tasks, n=2, temperature=0, max_new_tokens=8)
+    g = engine.sample_completions(model, tok, tasks, n=2, temperature=0, max_new_tokens=8)
     assert g[0]["tokens"] == g[1]["tokens"]                              # greedy is deterministic
     # a budget >= the context never cuts a prompt below half the context
-    h = ev.sample_completions(model, tok, tasks[1:2], n=1, temperature=0, max_new_tokens=model.config.seq_len)
+    h = engine.sample_completions(model, tok, tasks[1:2], n=1, temperature=0, max_new_tokens=model.config.seq_len)
     assert len(h[0]["prompt_ids"]) == min(model.config.seq_len // 2, len(tok.encode(env.render_prompt(tasks[1]))))
 
 

@@ -18,9 +18,9 @@ import sys
 import numpy as np
 import pytest
 
-import families
-import tasks
-from tokenizer import Tokenizer
+from data import families
+from data import tasks
+from data.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_TRAIN = 50_000

@@ -11,10 +11,10 @@ import torch
 import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import decode  # noqa: E402
+from infra import engine  # noqa: E402
 import model as M  # noqa: E402
 from model import GPT, MLP, MoE, GPTConfig  # noqa: E402
-from surgery import extend_context, upcycle  # noqa: E402
+from infra.surgery import extend_context, upcycle  # noqa: E402
 
 TINY = dict(vocab_size=61, seq_len=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
             n_expert=6, top_k=2, n_shared_expert=1, expert_hidden=16, n_dense_layers=1)
@@ -415,8 +415,8 @@ def test_decode_threads_changes_speed_not_samples(monkeypatch):
     threads = torch.get_num_threads()
     outs = []
     for n in (0, 1):
-        monkeypatch.setattr(decode, "THREADS", n)
-        outs.append(decode.generate_streams(model, prompts, 10, temperature=1.0,
+        monkeypatch.setattr(engine, "THREADS", n)
+        outs.append(engine.generate_streams(model, prompts, 10, temperature=1.0,
                                             generator=torch.Generator().manual_seed(0)))
         assert torch.get_num_threads() == threads        # restored after generation
     for a, b in zip(*outs):
@@ -473,7 +473,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
 
 
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """decode.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
+    """engine.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
     routes as the eager steps, log-probs within float rounding of the eager ones and of a full
     forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
@@ -482,15 +482,15 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
 
     def run():
-        return decode.generate_streams(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
+        return engine.generate_streams(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
                                        generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(decode, "_COMPILED", {})            # a compile of its own, whatever ran before
+    monkeypatch.setattr(engine, "_COMPILED", {})            # a compile of its own, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for update in range(2):
         eager = run()
-        monkeypatch.setattr(decode, "COMPILE", True)
+        monkeypatch.setattr(engine, "COMPILE", True)
         fast = run()
-        monkeypatch.setattr(decode, "COMPILE", False)
+        monkeypatch.setattr(engine, "COMPILE", False)
         assert {len(o["tokens"]) for o in eager} != {10}                  # some rows stopped early
         for p, a, b in zip(prompts, eager, fast):
             assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
@@ -502,12 +502,12 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
             for q in model.parameters():
                 q.mul_(1.3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile (not eager)
-    # a multi-turn continuation (agent.run_episodes): each row's cache starts from its past
+    # a multi-turn continuation (engine.run_episodes): each row's cache starts from its past
     first = model.generate(prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
     for on in (False, True):
-        monkeypatch.setattr(decode, "COMPILE", on)
-        cont[on] = decode.generate_streams(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
+        monkeypatch.setattr(engine, "COMPILE", on)
+        cont[on] = engine.generate_streams(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
                                            past=[o["past"] for o in first], generator=torch.Generator().manual_seed(2),
                                            return_routes=True)
     for a, b in zip(cont[False], cont[True]):
@@ -517,8 +517,8 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     same = {}
     for on in (False, True):
-        monkeypatch.setattr(decode, "COMPILE", on)
-        same[on] = decode.generate_streams(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
+        monkeypatch.setattr(engine, "COMPILE", on)
+        same[on] = engine.generate_streams(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
                                            generator=torch.Generator().manual_seed(3))
     assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
@@ -531,7 +531,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
 
 def test_compiled_decode_falls_back_to_eager(monkeypatch):
     """Where torch.compile cannot build the step (no C++ compiler, say), generate warns once and
-    decodes eagerly: the same samples as with decode.COMPILE off."""
+    decodes eagerly: the same samples as with engine.COMPILE off."""
     model = tiny()
 
     def broken(fn, **kw):
@@ -539,13 +539,13 @@ def test_compiled_decode_falls_back_to_eager(monkeypatch):
             raise RuntimeError("no C++ compiler")
         return call
     def run():
-        return decode.generate_streams(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
+        return engine.generate_streams(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
                                        generator=torch.Generator().manual_seed(0))
     eager = run()
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(decode, "_COMPILED", {})       # as if no earlier test had compiled the step
-    monkeypatch.setattr(decode, "COMPILE", True)
+    monkeypatch.setattr(engine, "_COMPILED", {})       # as if no earlier test had compiled the step
+    monkeypatch.setattr(engine, "COMPILE", True)
     with pytest.warns(UserWarning, match="decoding eagerly"):
         fast = run()
-    assert fast == eager and decode._COMPILED["trunk"] is False
+    assert fast == eager and engine._COMPILED["trunk"] is False
     assert run() == eager

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import env
-from tasks import generate_tasks, load_humaneval
-from tokenizer import Tokenizer
+from data.tasks import generate_tasks, load_humaneval
+from data.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "train_pretrain.py")

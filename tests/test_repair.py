@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import env
-import repair
-from tasks import generate_tasks
+from data import repair
+from data.tasks import generate_tasks
 from test_pretrain import run, train_text
-from tokenizer import Tokenizer
+from data.tokenizer import Tokenizer
 
 BODY = """\
     total = 0
@@ -145,7 +145,7 @@ def test_no_wrong_attempt_is_a_held_out_function():
     """A mutant of a train function can be a test function (values[2:] -> values[3:], x * 5 -> x + 5);
     none of the wrong attempts repair_docs may use is one, checked against the functions of 12,000
     test tasks (all levels, and levels 1-2 as train_rl.py and eval.py measure)."""
-    from tasks import function_identity
+    from data.tasks import function_identity
     held = {function_identity(t) for s in range(2) for lv in (None, [1, 2])
             for t in generate_tasks("test", 3000, seed=s, difficulties=lv)}
     tried = leaked = 0

@@ -14,15 +14,15 @@ import torch
 
 from types import SimpleNamespace
 
-import common
+from infra import common
 import env
-from tasks import generate_tasks
-import rl
-import rl_metrics
-import rollouts
+from data.tasks import generate_tasks
+from rl import algo as rl
+from rl import metrics as rl_metrics
+from rl import rollouts
 import train_rl
 from model import GPT, GPTConfig
-from tokenizer import train_tokenizer
+from data.tokenizer import train_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -579,7 +579,7 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
     ck = torch.load(tiny_ckpt, weights_only=False)
     small = GPT(GPTConfig(**{**ck["model_config"], "vocab_size": 100}))
     bad = str(tmp_path / "bad.pt")
-    from tokenizer import Tokenizer
+    from data.tokenizer import Tokenizer
     common.save_checkpoint(bad, small, Tokenizer.from_dict(ck["tokenizer"]))
     err = fails(["--init-from", bad] + out, capsys)
     assert "tokenizer has" in err and "model only 100" in err

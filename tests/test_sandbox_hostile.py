@@ -14,7 +14,7 @@ import time
 import pytest
 
 import env
-from tasks import Task, load_humaneval
+from data.tasks import Task, load_humaneval
 
 SECRET = "hunter2-do-not-leak"
 N = 6  # cases per task: f(x) = x + 1
@@ -429,10 +429,12 @@ def test_pool_runs_from_a_checkout_under_tmp(tmp_path):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for name in os.listdir(root):                 # every top-level module, so a split file cannot go missing
+    for name in os.listdir(root):                 # every module, so a split file cannot go missing
         if name.endswith(".py"):
             shutil.copy(os.path.join(root, name), tmp_path / name)
-    code = ("import env, tasks\n"
+        elif name in ("data", "infra", "rl"):
+            shutil.copytree(os.path.join(root, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import env\nfrom data import tasks\n"
             "t = tasks.Task('t', 'def f(x):\\n', 'f', inputs=[[1]], outputs=[2])\n"
             "with env.SandboxPool(workers=1, timeout_s=2.0) as pool:\n"
             "    print([r.outcome for r in pool.run_batch([t, t], ['    return x + 1\\n', '    return x\\n'])])\n")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import tokenizer as T  # noqa: E402
-from tasks import generate_tasks  # noqa: E402
+from data import tokenizer as T  # noqa: E402
+from data.tasks import generate_tasks  # noqa: E402
 
 WEIRD = [
     "", "a", "\n", "\n\n\n", "\r\n", "x\r\ny\rz\r", "\t\tif x:\n\t\t\treturn 1\n", "   \n  \n",

@@ -14,10 +14,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-import common
+from infra import common
 import env
-import eval as evaluation
-from rl import pass_sums
+
 
 
 def new_stats(args):
@@ -95,47 +94,6 @@ def record(ctx, step, stats, pbar):
         pbar.set_postfix_str(f"{head} zv {rec['zero_var_frac']:.2f} "
                              f"len {rec['len_mean']:.0f} ent {rec['entropy']:.2f} gen/box/train "
                              f"{rec['gen_s']:.1f}/{rec['sandbox_s']:.1f}/{rec['train_s']:.1f}s")
-
-
-def held_out(ctx, tag, at):
-    """pass@1 / pass@k on the fixed held-out test tasks, overall and per slice (near / novel):
-    through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
-    counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
-    args = ctx.args
-    if args.no_eval:
-        return {}
-    t0 = time.time()
-    mine = ctx.test_tasks[ctx.rank::ctx.world]
-    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
-                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
-                                  turns=args.turns)
-    per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
-    for rec in r["records"]:
-        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
-            per_task[rec["task_id"]][1] += 1
-            per_task[rec["task_id"]][2] += rec["passed"]
-    sums = pass_sums(list(per_task.values()), (1, args.eval_k))
-    # the same names in the same order on every rank (a rank may have no task of a slice), so the
-    # all-reduce adds like to like
-    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
-    values = [x for n in names for x in sums.get(n, (0.0, 0))]
-    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
-        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
-        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
-    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
-    if ctx.ddp:
-        dist.all_reduce(v)
-    out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
-    out["mean_len"] = v[-2].item() / max(v[-1].item(), 1)
-    out["eval_s"] = time.time() - t0
-    ctx.state["totals"]["eval_s"] += out["eval_s"]
-    if ctx.master:
-        common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
-        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
-                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
-    return out
 
 
 def summarize_run(ctx):

@@ -8,7 +8,7 @@ a ~10M-parameter model can learn to copy them; higher difficulties have longer b
 branches, compositions). Reference bodies share one simple style (4-space indent,
 one idiom per job) because they are also pretraining data (env.corpus_text).
 
-    python -c "import tasks; print(tasks.generate_tasks('train', 1)[0].prompt)"
+    python -c "from data import tasks; print(tasks.generate_tasks('train', 1)[0].prompt)"
 
 Deterministic from (split, seed, index) and unlimited. Held-out means never seen: train and test
 are split on a task's *function identity* (its reference solution with argument and local names
@@ -21,6 +21,7 @@ canonicalised, see function_identity), never on its names, and every test task c
 HumanEval and canary identities are reserved: no train task has them. tests/test_leakage.py proves
 all of it on 50,000 train tasks. Stdlib only.
 """
+import argparse
 import ast
 import dataclasses
 import functools
@@ -31,9 +32,13 @@ import json
 import math
 import os
 import re
+import sys
 import textwrap
+import time
 
-import families as fam   # the 8 template families (data); world.py is the ninth
+import env
+from data import families as fam   # the 8 template families (data); world.py is the ninth
+from data import world
 
 
 @dataclasses.dataclass
@@ -218,7 +223,7 @@ def function_identities(source: str) -> set[str]:
 
 # The compositional world (world.py) is one more family and most of the mix: its programs are
 # nearly all distinct functions, where these templates repeat (issue 15: 100,000 train tasks must hold
-# 90,000 distinct functions; `python world.py --stats`).
+# 90,000 distinct functions; `python -m data.tasks stats`).
 WORLD_SHARE = 0.92
 FAMILIES = sorted({v.family for v in fam.VARIANTS} | {"world"})
 assert len({(v.family, v.name) for v in fam.VARIANTS}) == len(fam.VARIANTS), "variant names must be unique"
@@ -334,28 +339,6 @@ def _function(v, params):
     return _FUNCTIONS[key]
 
 
-def order_cases(items, r, n_hidden):
-    """Shuffle (args, output) cases and put one case per distinct output first, so boolean or
-    rare-answer tasks show (and test) both answers and a constant like `return False` cannot pass.
-    Returns (the first n_examples + n_hidden cases, n_examples); templates and world.py share it."""
-    r.shuffle(items)
-    first = {}
-    for it in items:
-        first.setdefault(repr(it[1]), it)
-    ids = {id(it) for it in first.values()}
-    ordered = list(first.values()) + [it for it in items if id(it) not in ids]
-    n_ex = r.choice((1, 2, 2, 3))
-    return ordered[:n_ex + n_hidden], n_ex
-
-
-def render_doc_prompt(name, arg_names, doc, examples):
-    """The prompt: signature, docstring in words and `>>>` examples from (args, output) cases."""
-    lines = [f"def {name}({', '.join(arg_names)}):", f'    """{doc}']
-    for args, out in examples:
-        lines += [f"    >>> {name}({', '.join(map(repr, args))})", f"    {out!r}"]
-    return "\n".join(lines + ['    """']) + "\n"
-
-
 def _build(v, params, names, r, task_id, n_hidden=6):
     """Instantiate a variant: render name/doc/body, run the body on sampled inputs (trusted code)."""
     fmt = {**dict(zip(v.sig, names)), **params}
@@ -369,13 +352,13 @@ def _build(v, params, names, r, task_id, n_hidden=6):
             pool[key] = (args, fn(*[a.copy() if type(a) in (list, dict) else a for a in args]))
         if len(pool) >= 30 or (attempt >= 40 and len(pool) >= 12):
             break
-    cases, n_ex = order_cases(list(pool.values()), r, n_hidden)
+    cases, n_ex = fam.order_cases(list(pool.values()), r, n_hidden)
     if len(cases) < n_ex + 5:
         raise RuntimeError(f"{v.name}: too few distinct inputs")
     for _, out in cases:     # outputs must survive JSON exactly (no tuples, no int dict keys)
         if json.loads(json.dumps(out)) != out:
             raise RuntimeError(f"{v.name}: output {out!r} is not JSON-stable")
-    prompt = render_doc_prompt(name, names, doc, cases[:n_ex])
+    prompt = fam.render_doc_prompt(name, names, doc, cases[:n_ex])
     return Task(task_id, prompt, name, [a for a, _ in cases], [o for _, o in cases], None, solution,
                 v.family, v.difficulty)
 
@@ -404,8 +387,7 @@ def _sample(split, seed, index, difficulties=None, families=None):
     function belongs to `split` (split_of). A WORLD_SHARE of indices go to the world (world.py owns its split)."""
     r = fam.Random(f"{split}/{seed}/{index}")     # str seeds are hashed with sha512: stable across runs
     if "world" in (families or FAMILIES) and (set(families or ()) == {"world"} or r.random() < WORLD_SHARE):
-        import world                           # here, not at the top: world.py imports this module
-        return world.make_task(split, seed, index, difficulties)
+        return make_task(split, seed, index, difficulties)
     cells = _pool(split, difficulties, families)
     for _ in range(1000):
         fams = cells[r.choice([d for d in difficulties or sorted(cells) if d in cells])]   # repeats weigh
@@ -471,3 +453,115 @@ def canary_tasks() -> list[Task]:
         t.family, t.canary, t.slice = "canary", True, "canary"
         out.append(t)
     return out
+
+
+def make_task(split, seed, index, difficulties=None):
+    """One world task as a Task (family 'world'); its slice is 'near' / 'novel' for test """
+    program, spec = world.sample_task(split, seed, index, difficulties)
+    return Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
+                      None, spec["solution"], "world", spec["difficulty"],
+                      slice="" if split == "train" else spec["slice"], steps=len(program.steps))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Coding tasks and sandbox: export, show or check ")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stats", help="distinct function identities among --n train tasks")
+    st.add_argument("--n", type=int, default=100_000, help="number of train tasks")
+    st.add_argument("--seed", type=int, default=0, help="generator seed")
+    for name, text in [("export", "write tasks to JSONL"), ("show", "print prompts + reference solutions"),
+                       ("check", "run reference solutions through the sandbox")]:
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--split", choices=["train", "test"], default="test", help="task split")
+        p.add_argument("--n", type=int, default=3 if name == "show" else 500, help="number of tasks")
+        p.add_argument("--seed", type=int, default=0, help="generator seed")
+        p.add_argument("--difficulties", default="", help="subset of 1..5, e.g. 1-3 or 1,2,5 (default: all)")
+        p.add_argument("--families", default="", help=f"comma-separated subset of {','.join(FAMILIES)}")
+        p.add_argument("--canaries", action="store_true", help="append the canary tasks")
+        p.add_argument("--humaneval", action="store_true", help="use the 164 HumanEval problems instead")
+        if name == "export":
+            p.add_argument("--out", required=True, help="output JSONL path")
+        if name == "check":
+            p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: cores)")
+            p.add_argument("--timeout", type=float, default=3.0, help="seconds per candidate")
+    a = ap.parse_args(argv)
+    if a.cmd == "stats":
+        if a.n < 1:
+            ap.error(f"--n must be at least 1, got {a.n}")
+        print(json.dumps(_stats(a.n, a.seed)))
+        return
+    try:
+        fams = [x.strip() for x in a.families.split(",") if x.strip()] or None
+        levels = parse_difficulties(a.difficulties)
+        todo = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, levels, fams)
+    except (ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    todo += canary_tasks() if a.canaries else []
+    summary = {"cmd": a.cmd, "n_tasks": len(todo)}
+    if a.cmd == "export":
+        save_tasks(todo, a.out)
+        summary["out"] = a.out
+    elif a.cmd == "show":
+        for t in todo:
+            hidden = len(t.inputs or []) - t.prompt.count(">>> ")
+            print(f"# {t.task_id} family={t.family} difficulty={t.difficulty} slice={t.slice or '-'} "
+                  f"hidden_tests={hidden}")
+            print(env.corpus_text(t))
+    else:
+        with env.SandboxPool(a.workers, timeout_s=a.timeout) as pool:
+            t0 = time.time()
+            results = pool.run_batch(todo, [t.solution or "" for t in todo])
+            dt = time.time() - t0
+        for t, r in zip(todo, results):
+            if not r.passed and not t.canary:
+                print(f"{t.task_id}: {r.outcome}: {r.feedback}")
+        outcomes = {}
+        for r in results:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        summary.update(pass_rate=sum(r.passed for r in results) / max(1, len(results)), outcomes=outcomes,
+                       runs_per_s=round(len(results) / dt, 1), isolation=pool.isolation)
+    print(json.dumps(summary))
+
+
+def heldout_index(holdout_n):
+    """Never trained on: env test-split tasks (what eval.py/train_rl.py measure: `holdout_n` of seed 0),
+    canaries and HumanEval, as (their function identities, {def line: first line after it}). A
+    document leaks if it holds one of their functions under any names (function_identity: the
+    same canonical AST, e.g. the stdlib's operator.add is HumanEval/53) or one of their prompts (def
+    line + next line, whitespace-normalised). The train split never generates these functions
+    (split_of); this filter is what keeps them out of the stdlib and --data sources too."""
+    held = generate_tasks("test", holdout_n, seed=0) + canary_tasks() + load_humaneval()
+    prompts = {}
+    for lines in (env.render_prompt(t).splitlines() for t in held):
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("def "):
+                statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
+                prompts.setdefault(line.strip(), set()).add(" ".join(statement.split()))
+    return {function_identity(t) for t in held}, prompts
+
+
+def is_heldout(doc, index):
+    identities, prompts = index
+    hits = [prompts[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in prompts]
+    flat = " ".join(doc.split()) if hits else ""
+    if any(st in flat for statements in hits for st in statements):
+        return True
+    return "def " in doc and not identities.isdisjoint(function_identities(doc))
+
+
+def _stats(n, seed):
+    t0, cpu0 = time.time(), time.process_time()
+    ts = generate_tasks("train", n, seed)
+    secs, cpu = time.time() - t0, time.process_time() - cpu0
+    ids = {function_identity(t) for t in ts}
+    world_ids = {function_identity(t) for t in ts if t.family == "world"}
+    n_world = sum(t.family == "world" for t in ts)
+    return {"n": n, "seconds": round(secs, 1), "cpu_seconds": round(cpu, 1), "world_share": round(n_world / n, 3),
+            "distinct_identities": len(ids), "identity_ratio": round(len(ids) / n, 4),
+            "world_identity_ratio": round(len(world_ids) / max(1, n_world), 4),
+            "n_primitives": len(world.PRIMS), "held_out_pairs": len(world.HELD_PAIRS)}
+
+
+if __name__ == "__main__":
+    main()

@@ -22,9 +22,11 @@ import json
 import random
 import time
 
+from contextlib import nullcontext
+
 import env
-import tasks
-import world
+from data import tasks
+from data import world
 
 # ----------------------------------------------------------------------------- mutants
 # Each rewrite takes an AST node and returns its wrong twin, or None where it does not apply. They
@@ -307,3 +309,22 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+def tasks_source(args):
+    """The pretraining "tasks" source (train_pretrain.py's flags --tasks-n, --seed, --task-difficulties,
+    --repair-frac): solved train tasks at those levels, each chunk followed by its repair transcripts."""
+    levels = tasks.parse_difficulties(args.task_difficulties)
+    return task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed, difficulties=levels),
+                     args.repair_frac, args.seed)
+
+
+def task_docs(train, repair_frac=0.0, seed=0, chunk=256):
+    """The solved tasks, and after each chunk of them their repair transcripts (repair.py), so the
+    --source-mb cap keeps both. Lazy: chunks past the cap never reach the sandbox, and the pool closes
+    when the caller drops the generator."""
+    with env.SandboxPool(timeout_s=1.0) if repair_frac > 0 else nullcontext() as pool:
+        for i in range(0, len(train), chunk):
+            yield from map(env.corpus_text, train[i:i + chunk])
+            if pool is not None:
+                yield from repair_docs(train[i:i + chunk], pool, seed=seed, frac=repair_frac)

@@ -158,7 +158,7 @@ def load_checkpoint(path, device="cpu"):
     if not path or not os.path.isfile(path):
         die(f"no checkpoint at {path!r}")
     from model import GPT, GPTConfig  # imported here so common.py stays importable on its own
-    from tokenizer import Tokenizer
+    from data.tokenizer import Tokenizer
     try:
         ckpt = torch.load(path, map_location=device, weights_only=False)
         cfg = GPTConfig(**ckpt["model_config"])

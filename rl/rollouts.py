@@ -1,7 +1,7 @@
 """
 The sampling half of an RL step (train_rl.py): which train tasks a step draws, the prefilter that
 predicts which of them will give a mixed group, the rollouts through the shared harness
-(eval.sample_completions, or agent.run_episodes for --turns > 1), sandbox rewards, group-relative
+(eval.sample_completions, or engine.run_episodes for --turns > 1), sandbox rewards, group-relative
 advantages, DAPO's dynamic-sampling refills, and the repairs of --repair-groups. Every function
 takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task stream, resumable
 state; a tool may pass just the fields a function reads, as experiments/prefilter_check.py does)
@@ -14,12 +14,11 @@ import time
 
 import torch
 
-import agent
-import common
+from infra import common
+from infra import engine
 import env
-import eval as evaluation
-from rl import collate, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
-from tasks import generate_tasks
+from rl.algo import collate, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
+from data.tasks import generate_tasks
 
 
 def next_tasks(ctx, n):
@@ -44,7 +43,7 @@ def prefilter(ctx, tasks, keys, n, stats):
     if len(tasks) <= n:
         return tasks, keys
     t0, tok = time.time(), ctx.tok
-    prompts, _ = agent.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
+    prompts, _ = engine.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
     bodies = [(tok.encode(t.solution or "") + [tok.eot_id])[:ctx.args.max_new_tokens] for t in tasks]
     refs = [{"prompt_ids": p, "tokens": b, "logprobs": [0.0] * len(b)} for p, b in zip(prompts, bodies)]
     was_training = ctx.model.training
@@ -75,13 +74,13 @@ def rng(ctx, x):
 def rollout(ctx, tasks, keys, seed, stats):
     """G completions per task through the shared harness (eval.sample_completions), each generated
     batch sandboxed while the next one is generated; with --turns > 1, G episodes per task
-    (agent.run_episodes). Returns (samples or episodes, results: the reward-bearing verdicts)."""
+    (engine.run_episodes). Returns (samples or episodes, results: the reward-bearing verdicts)."""
     args, futures, t0 = ctx.args, [], time.time()
     submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
                                                             [s["completion"] for s in b], fractional=args.fractional))
     kw = sampling_kw(ctx)
-    if args.turns > 1:                     # multi-turn episodes: one sample = one episode (agent.py)
-        samples = agent.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
+    if args.turns > 1:                     # multi-turn episodes: one sample = one episode (engine.py)
+        samples = engine.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
                                      generator=rng(ctx, seed), fractional=args.fractional, **kw)
         results = [e["result"] for e in samples]
         stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
@@ -89,13 +88,13 @@ def rollout(ctx, tasks, keys, seed, stats):
     if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
         samples = []
         for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = evaluation.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
+            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
             for s in part:
                 s["task_idx"] = i
             submit(part)
             samples += part
     else:
-        samples = evaluation.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
+        samples = engine.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
                                                 on_batch=submit, **kw)
     t1 = time.time()
     results = [r for f in futures for r in f.result()]
@@ -118,7 +117,7 @@ def repair_roots(ctx, tasks, samples, results):
         i = s["task_idx"]
         if i in roots or v.passed or v.outcome == "sandbox_error":
             continue
-        ids = agent.repair_prompt(ctx.tok, tasks[i], s, v)
+        ids = engine.repair_prompt(ctx.tok, tasks[i], s, v)
         if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
             roots[i] = ids, s
     return roots
@@ -131,7 +130,7 @@ def repair_rollout(ctx, tasks, samples, results, seed, stats):
     """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
     for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
     Each root (repair_roots) gets G repairs, sampled from the second turn's context
-    (agent.repair_prompt: the prompt, the failed attempt, its feedback). The G repairs read the same
+    (engine.repair_prompt: the prompt, the failed attempt, its feedback). The G repairs read the same
     failure, so their group-relative advantage ranks repairs of one failure against each other.
     Tasks that no first attempt solved are not branched: a repair rarely succeeds where G fresh
     attempts did not. A repair that resubmits its root's code unchanged is marked "repeat" (the "no
@@ -140,12 +139,12 @@ def repair_rollout(ctx, tasks, samples, results, seed, stats):
     t0 = time.time()
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
-    repairs = evaluation.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
+    repairs = engine.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
                                             generator=rng(ctx, seed + REPAIR_STREAM),
                                             prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
     for s in repairs:
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
-        s["repeat"] = agent.resubmits(s, roots[s["task_idx"]][1])
+        s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
     t1 = time.time()
     out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
                              fractional=ctx.args.fractional)

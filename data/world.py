@@ -4,8 +4,8 @@
     program = sample_program(r, 3)                 # a type-checked, non-degenerate 3-step chain
     spec = render(program, r)                      # name, args, docstring, solution, test cases, difficulty
     task = make_task("test", seed, index)          # a tasks.Task (tasks.generate_tasks mixes these in)
-    python world.py --example --seed 13           # print one 3-step task with its solution
-    python world.py --stats                        # distinct function identities in 100,000 train tasks
+    python -m data.world --example --seed 13          # print one 3-step task with its solution
+    python -m data.tasks stats                     # distinct function identities in 100,000 train tasks
 
 Why: 8 families of fixed templates let a small model memorise template -> body. Here the space of
 programs is combinatorial (DeepCoder, Balog et al. 2017: a typed DSL of ~40 list/int primitives), and
@@ -28,11 +28,9 @@ import keyword
 import math
 import random
 import re
-import time
 
-import families
-import tasks
-from families import LETTERS, PAIRS, VOCAB, R   # the template families' inputs and ranges
+from data import families
+from data.families import LETTERS, PAIRS, VOCAB, R   # the template families' inputs and ranges
 
 INT, STR, BOOL, INTS, WORDS, DICT = "int", "str", "bool", "list[int]", "list[str]", "dict[str,int]"
 ARG_NAMES = {INT: ("n", "num", "value", "number"), STR: ("s", "text", "line", "phrase"),
@@ -460,12 +458,12 @@ def solution_of(program, arg):
 def render(program, r, pools=None, n_hidden=6):
     """Everything a task needs: name, args, docstring, solution, prompt with 1-3 examples, inputs and
     outputs (examples first), difficulty and composition key. Cases are ordered by
-    tasks.order_cases, as the templates' are."""
+    families.order_cases, as the templates' are."""
     arg = r.choice(ARG_NAMES[program.arg_type])
     name, doc = describe(program, arg)
     cases = [([x], run(program, x)[-1]) for x in _pool(r, {} if pools is None else pools, program.arg_type)]
-    cases, n_ex = tasks.order_cases(cases, r, n_hidden)
-    prompt = tasks.render_doc_prompt(name, [arg], doc, cases[:n_ex])
+    cases, n_ex = families.order_cases(cases, r, n_hidden)
+    prompt = families.render_doc_prompt(name, [arg], doc, cases[:n_ex])
     return {"name": name, "args": [arg], "doc": doc, "prompt": prompt, "solution": solution_of(program, arg),
             "inputs": [args for args, _ in cases], "outputs": [out for _, out in cases], "n_examples": n_ex,
             "difficulty": difficulty(program), "slice": slice_of(program), "key": composition_key(program)}
@@ -483,13 +481,6 @@ def sample_task(split, seed, index, difficulties=None):
     program = sample_split_program(r, slice_, difficulties, pools)
     return program, render(program, r, pools)
 
-def make_task(split, seed, index, difficulties=None):
-    """One world task as a tasks.Task (family 'world'); its slice is 'near' / 'novel' for test tasks."""
-    program, spec = sample_task(split, seed, index, difficulties)
-    return tasks.Task(f"{split}/{seed}/{index}", spec["prompt"], spec["name"], spec["inputs"], spec["outputs"],
-                      None, spec["solution"], "world", spec["difficulty"],
-                      slice="" if split == "train" else spec["slice"], steps=len(program.steps))
-
 # --- command line --------------------------------------------------------------------------------
 def _example(seed):
     r = random.Random(seed)
@@ -500,28 +491,11 @@ def _example(seed):
     print(spec["prompt"] + spec["solution"], end="")
     print(f"# difficulty {spec['difficulty']}, slice {spec['slice']}, steps {' -> '.join(spec['key'][0])}")
 
-def _stats(n, seed):
-    t0, cpu0 = time.time(), time.process_time()
-    ts = tasks.generate_tasks("train", n, seed)
-    secs, cpu = time.time() - t0, time.process_time() - cpu0
-    ids = {tasks.function_identity(t) for t in ts}
-    world_ids = {tasks.function_identity(t) for t in ts if t.family == "world"}
-    n_world = sum(t.family == "world" for t in ts)
-    return {"n": n, "seconds": round(secs, 1), "cpu_seconds": round(cpu, 1), "world_share": round(n_world / n, 3),
-            "distinct_identities": len(ids), "identity_ratio": round(len(ids) / n, 4),
-            "world_identity_ratio": round(len(world_ids) / max(1, n_world), 4),
-            "n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stats", action="store_true", help="distinct function identities in --n train tasks")
     ap.add_argument("--example", action="store_true", help="print one 3-step train task and its solution")
-    ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if args.n < 1:
-        ap.error(f"--n must be at least 1, got {args.n}")
     if args.example:
         _example(args.seed)
-    out = _stats(args.n, args.seed) if args.stats else {"n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}
-    print(json.dumps(out))
+    print(json.dumps({"n_primitives": len(PRIMS), "held_out_pairs": len(HELD_PAIRS)}))

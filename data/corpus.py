@@ -24,18 +24,14 @@ import sys
 import sysconfig
 import time
 from collections import Counter
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-import common
-import env
-import repair
-import tasks
-import tokenizer
-from tokenizer import Tokenizer, train_tokenizer
+from infra import common
+from data import tokenizer
+from data.tokenizer import Tokenizer, train_tokenizer
 
 BUILT_IN = ("stdlib", "tasks")
 
@@ -151,25 +147,13 @@ def read_jsonl(path, skipped, field="text", max_kb=1024):
             yield text
 
 
-def task_docs(train, repair_frac=0.0, seed=0, chunk=256):
-    """The solved tasks, and after each chunk of them their repair transcripts (repair.py), so the
-    --source-mb cap keeps both. Lazy: chunks past the cap never reach the sandbox, and the pool closes
-    when the caller drops the generator."""
-    with env.SandboxPool(timeout_s=1.0) if repair_frac > 0 else nullcontext() as pool:
-        for i in range(0, len(train), chunk):
-            yield from map(env.corpus_text, train[i:i + chunk])
-            if pool is not None:
-                yield from repair.repair_docs(train[i:i + chunk], pool, seed=seed, frac=repair_frac)
-
-
-def load_source(name, path, skipped, args):
-    """One source's documents, capped at --source-mb."""
+def load_source(name, path, skipped, args, task_docs=None):
+    """One source's documents, capped at --source-mb. task_docs: a function returning the "tasks"
+    source's documents (train_pretrain.py builds it from data/tasks.py and data/repair.py)."""
     if name == "stdlib":   # the running interpreter's stdlib (heldout_code_texts reads the same files)
         docs = stdlib_docs(skipped, args.max_file_kb)
-    elif name == "tasks":  # solved train-split tasks, prompt + reference body: the targeted coding data
-        levels = tasks.parse_difficulties(args.task_difficulties)
-        docs = task_docs(tasks.generate_tasks("train", args.tasks_n, seed=args.seed, difficulties=levels),
-                         args.repair_frac, args.seed)
+    elif name == "tasks":  # solved train-split tasks (and their repair transcripts): the caller's generator
+        docs = task_docs()
     elif os.path.isdir(path):
         exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
         docs = read_text_files(path, exts, skipped, max_kb=args.max_file_kb)
@@ -180,32 +164,6 @@ def load_source(name, path, skipped, args):
 
 # ---------------------------------------------------------------------------------------------
 # The held-out filter: what eval.py and train_rl.py measure never reaches training
-
-def heldout_index(holdout_n):
-    """Never trained on: env test-split tasks (what eval.py/train_rl.py measure: `holdout_n` of seed 0),
-    canaries and HumanEval, as (their function identities, {def line: first line after it}). A
-    document leaks if it holds one of their functions under any names (tasks.function_identity: the
-    same canonical AST, e.g. the stdlib's operator.add is HumanEval/53) or one of their prompts (def
-    line + next line, whitespace-normalised). The train split never generates these functions
-    (tasks.split_of); this filter is what keeps them out of the stdlib and --data sources too."""
-    held = tasks.generate_tasks("test", holdout_n, seed=0) + tasks.canary_tasks() + tasks.load_humaneval()
-    prompts = {}
-    for lines in (env.render_prompt(t).splitlines() for t in held):
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith("def "):
-                statement = next((ln for ln in lines[i + 1:] if ln.strip()), "")
-                prompts.setdefault(line.strip(), set()).add(" ".join(statement.split()))
-    return {tasks.function_identity(t) for t in held}, prompts
-
-
-def is_heldout(doc, index):
-    identities, prompts = index
-    hits = [prompts[s] for s in (ln.strip() for ln in doc.splitlines() if "def " in ln) if s in prompts]
-    flat = " ".join(doc.split()) if hits else ""
-    if any(st in flat for statements in hits for st in statements):
-        return True
-    return "def " in doc and not identities.isdisjoint(tasks.function_identities(doc))
-
 
 # ---------------------------------------------------------------------------------------------
 # Tokens: context-only ids (repair transcripts) and the caches
@@ -224,15 +182,16 @@ def inputs_targets(xy, vocab_size):
     return xy[..., :-1] % vocab_size, torch.where(xy[..., 1:] >= vocab_size, -1, xy[..., 1:])
 
 
-def split_sources(args, mix, user_data):
+def split_sources(args, mix, user_data, heldout, task_docs=None):
     """{name: (train, val)} lists of (hash, document): deduped, held-out documents dropped, split by
-    content hash (--val-frac); and per source the counts of documents kept and skipped."""
-    index, info, splits = heldout_index(args.holdout_n), {}, {}
+    content hash (--val-frac); and per source the counts of documents kept and skipped. heldout(doc)
+    is the leak filter (data/tasks.py: is_heldout): what it flags never reaches training."""
+    info, splits = {}, {}
     for name in mix:
         skipped, seen, train, val = Counter(), set(), [], []
-        for doc in load_source(name, user_data.get(name), skipped, args):
+        for doc in load_source(name, user_data.get(name), skipped, args, task_docs):
             h = doc_hash(doc)
-            if h in seen or is_heldout(doc, index):
+            if h in seen or heldout(doc):
                 skipped["duplicate" if h in seen else "heldout"] += 1
                 continue
             seen.add(h)
@@ -264,10 +223,10 @@ def cached_tokenizer(args, splits, mix, cache_dir):
     return tok
 
 
-def prepare(args, mix, user_data, tok, cache_dir):
+def prepare(args, mix, user_data, tok, cache_dir, heldout, task_docs=None):
     """Load, dedupe, filter, split, (train the tokenizer if `tok` is None), tokenize into caches keyed
     by tokenizer + documents. Rank 0 only; the result (plain data) is broadcast to the others."""
-    splits, info = split_sources(args, mix, user_data)
+    splits, info = split_sources(args, mix, user_data, heldout, task_docs)
     os.makedirs(cache_dir, exist_ok=True)
     if tok is None:
         tok = cached_tokenizer(args, splits, mix, cache_dir)
@@ -283,7 +242,7 @@ def prepare(args, mix, user_data, tok, cache_dir):
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     part = [d for _, d in docs[i:i + 512]]
                     for d, ids in zip(part, tok.encode_batch(part)):
-                        ids = encode_doc(tok, d) if isinstance(d, repair.Transcript) else ids
+                        ids = encode_doc(tok, d) if hasattr(d, "context") else ids   # a repair transcript
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 
@@ -368,14 +327,12 @@ def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
 
 
 def heldout_code_texts(val_frac=0.02):
-    """Held-out code for bits-per-byte, two sources that pretraining never trains on:
-    stdlib: the stdlib files train_pretrain.py holds out for validation (the same reader,
-      stdlib_docs, and is_validation with its default --val-frac 0.02), in hash order;
-    tasks: solved env `test`-split tasks (seed 0), whose prompts train_pretrain.py filters out."""
+    """Held-out code for bits-per-byte that pretraining never trains on: the stdlib files
+    train_pretrain.py holds out for validation (the same reader, stdlib_docs, and is_validation with
+    its default --val-frac 0.02), in hash order. (eval.py adds solved test-split tasks.)"""
     stdlib = []
     for text in stdlib_docs(Counter()):
         h = doc_hash(text)
         if is_validation(h, val_frac):
             stdlib.append((h, text))
-    return {"stdlib": [t for _, t in sorted(stdlib)],
-            "tasks": [env.corpus_text(t) for t in tasks.generate_tasks("test", 200, seed=0)]}
+    return [t for _, t in sorted(stdlib)]

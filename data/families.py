@@ -396,3 +396,25 @@ _compose("s", STR_STEPS, 3, 4)
 _compose("xs", LIST_STEPS, 2, 3)
 _compose("xs", LIST_STEPS, 2, 4, _ENDS)
 _compose("xs", LIST_STEPS, 3, 5, _ENDS)
+
+
+def order_cases(items, r, n_hidden):
+    """Shuffle (args, output) cases and put one case per distinct output first, so boolean or
+    rare-answer tasks show (and test) both answers and a constant like `return False` cannot pass.
+    Returns (the first n_examples + n_hidden cases, n_examples); templates and world.py share it."""
+    r.shuffle(items)
+    first = {}
+    for it in items:
+        first.setdefault(repr(it[1]), it)
+    ids = {id(it) for it in first.values()}
+    ordered = list(first.values()) + [it for it in items if id(it) not in ids]
+    n_ex = r.choice((1, 2, 2, 3))
+    return ordered[:n_ex + n_hidden], n_ex
+
+
+def render_doc_prompt(name, arg_names, doc, examples):
+    """The prompt: signature, docstring in words and `>>>` examples from (args, output) cases."""
+    lines = [f"def {name}({', '.join(arg_names)}):", f'    """{doc}']
+    for args, out in examples:
+        lines += [f"    >>> {name}({', '.join(map(repr, args))})", f"    {out!r}"]
+    return "\n".join(lines + ['    """']) + "\n"

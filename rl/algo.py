@@ -21,10 +21,11 @@ forwards, packed or not), token_logprobs (the one that runs the model: the polic
 those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
 eval: pass_sums (pass@k as sums that combine across ranks).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
-import eval as evaluation
 
 
 def length_cost(x, k, q):
@@ -279,6 +280,18 @@ def pass_sums(per_task, ks):
                 continue
             for name in [f"pass@{k}"] + ([f"pass@{k}_{sl}"] if sl else []):
                 acc = out.setdefault(name, [0.0, 0])
-                acc[0] += evaluation.pass_at_k(n, c, k)
+                acc[0] += pass_at_k(n, c, k)
                 acc[1] += 1
     return out
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+    the chance that at least one of k samples, drawn without replacement from n of which c are
+    correct, passes: 1 - C(n-c, k) / C(n, k), written as a product so large n cannot overflow.
+    Averaging it over tasks beats the naive 1-(1-c/n)^k, which is biased low."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:          # every draw of k must contain a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
