@@ -1,10 +1,13 @@
 """End to end: run.sh with the smoke presets (pretraining -> RL -> eval) in a temporary directory;
 every artefact must exist and every metric of every stage's summary must be finite."""
+import pytest
 import json
 import math
 import os
 import re
 import subprocess
+
+pytestmark = pytest.mark.slow   # the slow suite: python -m pytest -q -m slow tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,6 +22,8 @@ from data import families
 from data import tasks
 from data.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow   # the slow suite: python -m pytest -q -m slow tests
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_TRAIN = 50_000
 TEST_SEEDS = (0, 1, 2, 3)
