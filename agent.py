@@ -1,11 +1,10 @@
 """
-agent.py: multi-step episodes, the agentic coding loop of Composer 2 in miniature. The model writes
-a function body, the harness runs the docstring's examples (the tests the model can see) in the
-sandbox, and if one fails the model reads what failed and writes the body again, up to --turns
-attempts. The last attempt is judged on the hidden tests. Training (train_rl.py --turns), eval
-(eval.py --turns) and this command run the same episodes (run_episodes); the context of an episode
-is env.render_episode's text at every turn. The sampling helpers eval.sample_completions shares with
-the episodes live here too: encode_prompts and as_sample (decoding itself: engine.generate_streams).
+agent.py: the interactive command. The model writes a function body, the harness runs the
+docstring's examples (the tests the model can see) in the sandbox, and if one fails the model reads
+what failed and writes the body again, up to --turns attempts: Composer 2's agentic loop in
+miniature. The last attempt is judged on the hidden tests. Training (train_rl.py --turns), eval
+(eval.py --turns) and this command run the same episodes (infra/engine.py: run_episodes); the
+context of an episode is env.render_episode's text at every turn.
 
 Watch a model work through a task, turn by turn (this is the harness of the deployed model), e.g.
 after `TURNS=3 OUT=runs/turns bash run.sh` (a base model that has seen feedback, a context for 3 turns):

@@ -1,18 +1,17 @@
-"""env.py: coding tasks with unit tests, the prompt harness, and a sandbox that runs model code.
+"""env.py: the environment of RL and eval: the prompt harness, and a sandbox that runs model code.
 
 One module shared by train_rl.py and eval.py, so the model is trained in the same harness it is
-evaluated in (Composer 2 report, "harness parity"). Three parts:
-  1. Tasks live in tasks.py (`Task`, JSONL files, HumanEval, the generator and its train/test
-     split by function identity, canaries); this module only runs them.
-  2. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program.
-  3. Sandbox: `SandboxPool`, warm workers (sandbox_worker.py) that run each candidate in a fresh,
-     locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process, the
-     judge of assert tests a separate process; what came back becomes a Result.
+evaluated in (Composer 2 report, "harness parity"). Two parts:
+  1. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program;
+     for multi-step episodes the visible examples, the feedback after a failed one, and the context
+     (render_episode). The tasks themselves live in data/tasks.py; sampling in infra/engine.py.
+  2. Sandbox: `SandboxPool`, warm workers (infra/sandbox_worker.py) that run each candidate in a
+     fresh, locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process,
+     the judge of assert tests a separate process; what came back becomes a Result, the reward.
 
-    python -m data.tasks show --split train --n 3                       # prompts + reference solutions
-    python -m data.tasks export --split test --n 500 --out test.jsonl   # --seed S --difficulties 1,2
-    python -m data.tasks check --split test --n 200                     # solutions through the sandbox
-    python -m data.tasks check --humaneval                              # 164 canonical solutions
+    with env.SandboxPool(timeout_s=2.0) as pool:
+        results = pool.run_batch(tasks, completions)      # [Result(reward, passed, outcome, ...)]
+    python -m data.tasks check --split test --n 200       # reference solutions through the sandbox
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
 import ast
@@ -144,7 +143,7 @@ def signature(task) -> str:
 
 def render_episode(task, turns) -> str:
     """The whole context of an episode as text, at any turn: the prompt, then for each turn the text
-    the model wrote and the feedback that followed it ("" for the last). The sampler (agent.py)
+    the model wrote and the feedback that followed it ("" for the last). The sampler (infra/engine.py)
     feeds the same text as tokens; the pretraining repair transcripts are rendered by this too."""
     return render_prompt(task) + "".join(text + feedback for text, feedback in turns)
 
@@ -186,7 +185,7 @@ class Result:
     n_tests: int
 
 # The worker is a separate `python -I -S` process (no site-packages, no torch, no user env) that
-# runs sandbox_worker.py. Why a warm zygote rather than one fresh interpreter per candidate: the
+# runs infra/sandbox_worker.py. Why a warm zygote rather than one fresh interpreter per candidate: the
 # interpreter start (~20 ms) would cap us far below the throughput goal, while fork() of a small,
 # preloaded zygote costs ~1 ms; every candidate still gets its own process, torn down afterwards,
 # and the zygote never holds a program, a reply or a result (sandbox_worker.py says why).

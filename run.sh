@@ -4,13 +4,12 @@
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
 #   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
 #   4. figures of both runs' curves next to the evaluation table        (plot.py)
-# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (on 2 cores: 27 min on a fast
-#                                  # VM instance, 37 on a slow one; README)
+# Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (times: README)
 #         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
 #         OUT=runs/mine bash run.sh
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
 #         TURNS=3 bash run.sh      # test feedback: repair data, single-turn RL, RL that also trains repairs,
-#                                  # eval with up to 3 attempts (about 48 min on a fast 2-core VM instance)
+#                                  # eval with up to 3 attempts (docs/episodes.md)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,7 +18,7 @@ PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_availab
 OUT=${OUT:-runs/$PRESET}
 TURNS=${TURNS:-1}
 # The eval stage's held-out tasks: a seed no recipe was tuned on (RL's own evals use seed 0, where the
-# presets were tuned; README, Results).
+# presets were chosen), so the headline figure is not tuned to its test set.
 TEST_SEED=${TEST_SEED:-11}
 mkdir -p "$OUT"
 echo "preset: $PRESET   run directory: $OUT"
@@ -28,7 +27,7 @@ run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/p
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
 # Multi-turn episodes need a base model that has seen test feedback (repair transcripts) and, on the cpu
 # preset, a context that holds three turns: a short continued pretraining of the preset's base, the same
-# path as context extension (README notes: pretraining with transcripts from scratch made a weaker base).
+# path as context extension (docs/notes.md: pretraining with transcripts from scratch made a weaker base).
 if [ "$TURNS" -gt 1 ]; then
   case $PRESET in
     smoke) REPAIR_ARGS=(--max-steps 8) ;;
@@ -40,9 +39,9 @@ if [ "$TURNS" -gt 1 ]; then
   REPAIR_CKPT=$(json_get "$OUT/repair.json" ckpt)
   # Single-turn RL first (its steps are 2-3x cheaper than episode steps and teach the first attempt), then
   # a second stage that also teaches the repair, on a fresh draw of the train stream (--task-seed 2):
-  # repair groups, G repairs of one failed attempt per task read its feedback (README section 4; on two
-  # seeds and in two runs they scored above the same clock of --turns 3 episodes). Its in-run evals are
-  # skipped; the eval stage measures the base and both RL checkpoints side by side, up to $TURNS attempts.
+  # repair groups, G repairs of one failed attempt per task read its feedback (Olausson et al. 2023's
+  # self-repair tree; docs/episodes.md). Its in-run evals are skipped; the eval stage measures the base
+  # and both RL checkpoints side by side, up to $TURNS attempts.
   run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$REPAIR_CKPT" --out-dir "$OUT/rl1" --turns 1
   RL1_CKPT=$(json_get "$OUT/rl1.json" ckpt)
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns 1 \

@@ -163,9 +163,6 @@ def load_source(name, path, skipped, args, task_docs=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# The held-out filter: what eval.py and train_rl.py measure never reaches training
-
-# ---------------------------------------------------------------------------------------------
 # Tokens: context-only ids (repair transcripts) and the caches
 
 def encode_doc(tok, doc):

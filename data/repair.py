@@ -9,7 +9,7 @@ examples, and the reference body.
 
     python repair.py --n 2000 --show 2     # transcripts of 2,000 train tasks: counts, outcomes, time
 
-Stdlib + env + tasks only (no torch): corpus.py (task_docs) builds the pretraining tasks source with it.
+Stdlib + env + tasks only (no torch): task_docs / tasks_source build the pretraining "tasks" source with it.
 """
 import argparse
 import ast
@@ -273,7 +273,7 @@ class Transcript(str):
     """A repair transcript's text, and `context`: the (start, end) characters of the wrong attempt
     and the feedback after it. Pretraining reads them and never trains on them, as RL never trains
     on feedback: the model should learn the fix, not to write a bug after a prompt nor to write
-    feedback itself after a body (both happened when it trained on them: see the README's notes)."""
+    feedback itself after a body (both happened when it trained on them: docs/notes.md)."""
     context = (0, 0)
 
 

@@ -1,5 +1,5 @@
-"""tasks.py: coding tasks: the `Task` record and its JSONL files, function identity, and the
-procedural generator behind env.py's train and test splits.
+"""data/tasks.py: coding tasks: the `Task` record and its JSONL files, function identity, the
+procedural generator of the train and test splits, and the leak filter of the pretraining corpus.
 
 8 template families (families.py: arithmetic, strings, lists, conditionals, loops, dicts, algorithms,
 compose) x difficulty 1-5, and the compositional world (world.py), most of the mix. A variant is a
@@ -8,7 +8,11 @@ a ~10M-parameter model can learn to copy them; higher difficulties have longer b
 branches, compositions). Reference bodies share one simple style (4-space indent,
 one idiom per job) because they are also pretraining data (env.corpus_text).
 
-    python -c "from data import tasks; print(tasks.generate_tasks('train', 1)[0].prompt)"
+    python -m data.tasks show --split train --n 3                     # prompts + reference solutions
+    python -m data.tasks export --split test --n 500 --out test.jsonl # --seed S --difficulties 1,2
+    python -m data.tasks check --split test --n 200                   # solutions through the sandbox
+    python -m data.tasks check --humaneval                            # 164 canonical solutions
+    python -m data.tasks stats --n 100000                             # distinct functions in train
 
 Deterministic from (split, seed, index) and unlimited. Held-out means never seen: train and test
 are split on a task's *function identity* (its reference solution with argument and local names
@@ -221,9 +225,9 @@ def function_identities(source: str) -> set[str]:
     return {_identity_of_def(n) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-# The compositional world (world.py) is one more family and most of the mix: its programs are
-# nearly all distinct functions, where these templates repeat (issue 15: 100,000 train tasks must hold
-# 90,000 distinct functions; `python -m data.tasks stats`).
+# The compositional world (world.py) is one more family and most of the mix: its programs are nearly
+# all distinct functions, where these templates repeat, so RL's single epoch never sees a function
+# twice (`python -m data.tasks stats` counts the distinct ones).
 WORLD_SHARE = 0.92
 FAMILIES = sorted({v.family for v in fam.VARIANTS} | {"world"})
 assert len({(v.family, v.name) for v in fam.VARIANTS}) == len(fam.VARIANTS), "variant names must be unique"
