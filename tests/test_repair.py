@@ -112,6 +112,7 @@ def test_tasks_without_examples_are_skipped(train, pool):
     assert len(repair.repair_docs(train[:10], pool, frac=1.0)) >= 8
 
 
+@pytest.mark.slow   # a whole smoke pretraining run
 def test_smoke_corpus_holds_repair_transcripts(tmp_path):
     """Transcripts are in the corpus, and exactly their wrong attempts and feedback are stored as
     context only (ids + vocab_size: fed, never a target): each such run of ids is a body right after
@@ -141,6 +142,7 @@ def test_bad_repair_frac_is_one_line_error(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: --repair-frac"), p.stderr
 
 
+@pytest.mark.slow   # a leakage scan over thousands of candidates
 def test_no_wrong_attempt_is_a_held_out_function():
     """A mutant of a train function can be a test function (values[2:] -> values[3:], x * 5 -> x + 5);
     none of the wrong attempts repair_docs may use is one, checked against the functions of 12,000
