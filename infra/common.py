@@ -87,18 +87,27 @@ def autocast(device):
 # ---------------------------------------------------------------------------------------------
 # DDP. torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; without them we are a single process.
 
+def dist_env():
+    """(rank, local_rank, world_size) as torchrun set them, without starting the process group:
+    what a rank may do before it (prepare data, check arguments) depends on them."""
+    return tuple(int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+
+
 def setup_ddp(device_name="auto"):
-    """Returns (rank, local_rank, world_size, device). nccl on GPUs, gloo on CPU."""
+    """Returns (rank, local_rank, world_size, device). On GPUs one group with two backends,
+    "cpu:gloo,cuda:nccl": each collective takes the backend of its tensor's device, so the
+    statistics the scripts sum as CPU tensors (metrics, stop flags, counts) go through gloo and the
+    gradients through NCCL; NCCL alone fails on the first CPU tensor. gloo alone on CPU."""
     if "RANK" not in os.environ:
         return 0, 0, 1, pick_device(device_name)
-    rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    rank, local_rank, world = dist_env()
     use_cuda = torch.cuda.is_available() and device_name != "cpu"
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     return rank, local_rank, world, device
 
 
@@ -108,13 +117,171 @@ def cleanup_ddp():
 
 
 def all_reduce_mean(x):
-    """Mean of a float (or tensor) over ranks; identity without DDP."""
+    """Mean of a float (or tensor) over ranks; identity without DDP. A CPU tensor: gloo under the
+    two-backend group of setup_ddp."""
     if not (dist.is_available() and dist.is_initialized()):
         return x
     t = torch.as_tensor(x, dtype=torch.float64).clone()
     dist.all_reduce(t)
     t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and the plan (--dry-run). Peaks are the datasheets' dense bf16 tensor-core FLOP/s (no
+# sparsity), memory in GB; looked up by the longest name that occurs in torch's device name.
+
+DEVICES = {"H100": (989e12, 80), "H100 PCIe": (756e12, 80), "H100 NVL": (835e12, 94), "H800": (989e12, 80),
+           "H200": (989e12, 141), "GH200": (989e12, 96), "B200": (2250e12, 180), "A100": (312e12, 80),
+           "A800": (312e12, 80), "L40S": (362e12, 48), "L4": (121e12, 24), "A10": (125e12, 24),
+           "RTX 4090": (165e12, 24), "RTX A6000": (155e12, 48)}
+
+
+def device_spec(name):
+    """(name as found in DEVICES, peak bf16 FLOP/s, memory GB) for a device name such as
+    torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3"); None when it is not in the table."""
+    hits = [k for k in DEVICES if k.lower() in name.lower()]
+    if not hits:
+        return None
+    key = max(hits, key=len)
+    return key, *DEVICES[key]
+
+
+def peak_flops(device, override=0.0):
+    """Peak FLOP/s of one process's device for MFU: --peak-flops if given; on CUDA the table's
+    figure for this device (a one-line error names the flag when it is not in the table); on CPU
+    None (the caller measures what a matmul reaches)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    spec = device_spec(name)
+    if spec is None:
+        die(f"no bf16 peak known for {name!r}: give --peak-flops (its dense bf16 FLOP/s) for MFU")
+    return spec[1]
+
+
+def fit_micro_batch(batch_tokens, seq_len, world, micro_batch, typed):
+    """(micro_batch, grad_accum) with micro_batch * seq_len * world * grad_accum = batch_tokens. The
+    global batch is the run's definition and stays; a preset's micro-batch (a memory knob) shrinks to
+    the largest that divides this process's rows. A typed one that cannot fit dies naming the fix."""
+    rows, rem = divmod(batch_tokens, seq_len * world)
+    if rem or not rows:
+        step = seq_len * world
+        die(f"--batch-tokens {batch_tokens} is not a positive multiple of seq-len * processes = {seq_len} * {world}: "
+            f"use --batch-tokens {max(1, round(batch_tokens / step)) * step}")
+    fit = max(d for d in range(1, min(rows, micro_batch) + 1) if rows % d == 0)
+    if typed and fit != micro_batch:
+        die(f"--micro-batch {micro_batch} does not divide the {rows} sequences per process of --batch-tokens "
+            f"{batch_tokens} over {world} processes: use --micro-batch {fit}")
+    return fit, rows // fit
+
+
+def add_plan_args(parser):
+    """--dry-run and what the plan is for; each script calls this once."""
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (batch, memory, time) for "
+                        "--world-size processes on --plan-device, then exit without training")
+    parser.add_argument("--world-size", type=int, default=0, help="processes of the plan (default: "
+                        "torchrun's WORLD_SIZE, else 1)")
+    parser.add_argument("--plan-device", default="", help="device type of the plan, a name in common.DEVICES "
+                        "(default: the visible GPU, else H100)")
+    parser.add_argument("--plan-mfu", type=float, default=0.3, help="utilisation the plan assumes for training "
+                        "matmuls (decoding: a tenth of it, being memory-bound)")
+
+
+def plan_device(args):
+    name = args.plan_device or (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "H100")
+    spec = device_spec(name)
+    if spec is None:
+        die(f"--plan-device {name!r} is not in common.DEVICES ({', '.join(DEVICES)}): name one of them")
+    if not 0 < args.plan_mfu <= 1:
+        die(f"--plan-mfu must be in (0, 1], got {args.plan_mfu}")
+    return spec
+
+
+def model_plan(cfg):
+    """(params_total, params_active, training FLOPs per token) of a GPTConfig, built on the meta device
+    (no memory, no time)."""
+    from model import GPT   # here, so that common.py stays importable on its own
+    with torch.device("meta"):
+        m = GPT(cfg)
+    return (*m.num_params(), m.estimate_flops_per_token())
+
+
+def memory_gb(cfg, params_total, rows, seq_len, extra_bytes=0):
+    """Estimated peak GPU memory of training: fp32 weights, grads and AdamW moments (16 B/param), bf16
+    activations of one micro-batch (Korthikanti et al. 2022: ~34 * n_embd bytes per token and layer
+    with a fused attention, the MLP's share scaled to the experts a token visits), its fp32 logits
+    and their gradient, `extra_bytes` (a KV cache, a reference model) and ~1.5 GB of CUDA context."""
+    width = (cfg.top_k + cfg.n_shared_expert) * cfg.expert_hidden
+    per_token_layer = 18 * cfg.n_embd + 16 * cfg.n_embd * width / (4 * cfg.n_embd)
+    act = rows * seq_len * (cfg.n_layer * per_token_layer + 8 * cfg.vocab_size)
+    return (16 * params_total + act + extra_bytes) / 1e9 + 1.5
+
+
+def finish_plan(plan, mem_gb_device):
+    """Prints the plan (stderr lines, then the JSON line on stdout) and exits; refuses with one line
+    when the estimated memory does not fit the device."""
+    if plan["est_gpu_mem_gb"] > 0.9 * mem_gb_device:
+        die(f"plan: ~{plan['est_gpu_mem_gb']:.0f} GB per process exceeds the {plan['device_type']}'s "
+            f"{mem_gb_device} GB: use a smaller --micro-batch (now {plan['micro_batch']})")
+    for k, v in plan.items():
+        print(f"plan  {k:>18}: {v}", file=sys.stderr)
+    print("plan  (est_* are estimates: a FLOP count at the assumed utilisation, not a measurement)", file=sys.stderr)
+    print_summary(plan)
+    sys.exit(0)
+
+
+def rl_plan(args, world):
+    """train_rl.py --dry-run: the plan of an RL run (then exit). The model is --init-from's, else the
+    one train_pretrain.py's preset of the same name would build. Assumed, and stated in the plan: a
+    prompt of PROMPT_TOKENS, every completion at --max-new-tokens, two sampling rounds per step with
+    --dynamic-sampling, decoding at a tenth of --plan-mfu (each token reads every weight), no time
+    for the sandbox (it runs beside generation on the CPU cores)."""
+    from model import GPTConfig
+    if args.batch_tasks % world:
+        die(f"--batch-tasks {args.batch_tasks} is not a multiple of the {world} processes: use --batch-tasks "
+            f"{max(1, round(args.batch_tasks / world)) * world}")
+    if args.init_from and os.path.isfile(args.init_from):
+        cfg = GPTConfig(**torch.load(args.init_from, map_location="cpu", mmap=True, weights_only=False)["model_config"])
+    else:
+        import subprocess
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train_pretrain.py")
+        out = subprocess.run([sys.executable, script, "--preset", args.preset, "--dry-run"], capture_output=True,
+                             text=True)
+        if out.returncode:
+            die(f"plan: train_pretrain.py --preset {args.preset} --dry-run failed: {out.stderr.strip()[-300:]}")
+        cfg = GPTConfig(**{k: v for k, v in json.loads(out.stdout.splitlines()[-1])["model_config"].items()})
+    name, peak, mem = plan_device(args)
+    n_total, n_active, fpt = model_plan(cfg)
+    seq = PROMPT_TOKENS + args.max_new_tokens
+    rows = args.batch_tasks * args.group_size // world                 # sequences per process and step
+    micro = min(args.micro_batch, rows)
+    rounds = 2 if args.dynamic_sampling else 1
+    fast, slow = world * peak * args.plan_mfu, world * peak * args.plan_mfu / 10
+    step_s = (rounds * world * rows * seq * fpt / 3 / slow                        # generation
+              + args.ppo_epochs * world * rows * seq * fpt / fast                  # PPO epochs (fwd + bwd)
+              + (world * rows * seq * fpt / 3 / fast if args.kl_coef else 0)     # reference model
+              + (args.prefilter * args.batch_tasks * seq * fpt / 3 / fast if args.prefilter > 1 else 0))
+    evals = (args.steps // args.eval_every if args.eval_every else 0) + 2
+    eval_s = evals * args.eval_tasks * args.eval_n * seq * fpt / 3 / slow
+    run_min = (args.steps * step_s + eval_s) / 60
+    head_dim = cfg.n_embd // cfg.n_head
+    kv = args.gen_batch * seq * cfg.n_layer * 2 * cfg.n_kv_head * head_dim * 2
+    ref = 2 * n_total if args.kl_coef else 0
+    finish_plan({
+        "script": "train_rl.py", "preset": args.preset, "world_size": world, "device_type": name,
+        "tokens_per_step": args.batch_tasks * args.group_size * seq, "micro_batch": micro,
+        "grad_accum": -(-rows // micro) * args.ppo_epochs, "steps": args.steps, "params_total": n_total,
+        "params_active": n_active, "flops_per_token": fpt, "peak_flops": peak, "assumed_mfu": args.plan_mfu,
+        "assumed_decode_mfu": args.plan_mfu / 10, "assumed_prompt_tokens": PROMPT_TOKENS,
+        "assumed_rounds": rounds, "est_gpu_mem_gb": round(memory_gb(cfg, n_total, micro, seq, kv + ref), 1),
+        "est_run_min": round(min(run_min, args.max_minutes) if args.max_minutes else run_min, 1),
+        "est_run_min_uncapped": round(run_min, 1), "max_minutes": args.max_minutes}, mem)
+
+
+PROMPT_TOKENS = 200   # an env prompt (docstring, signature, examples) is ~100-250 tokens
 
 
 # ---------------------------------------------------------------------------------------------

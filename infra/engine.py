@@ -1,29 +1,34 @@
 """
-decode.py: the speed paths around GPT.generate. model.py's generate is the reference: plain eager
-PyTorch, one batch, one trunk call per decode step, read top to bottom. What RL rollouts, eval, the
-episodes and pretraining's sample call is generate_streams here, which runs that same generate
-faster on a CPU, each row sampled from the same distribution (the float rounding of the thread count
-and of the compiled step apart):
+Generation: everything that samples from the model (model.py is the architecture alone).
 
-    outs = decode.generate_streams(model, prompts, max_new_tokens=96, temperature=1.0, stop_ids=[eot])
+    outs = engine.generate(model, prompts, max_new_tokens=96, temperature=1.0, stop_ids=[eot])
 
-  - one torch thread per generate call, prefill included (cpu_threads), and two decode streams
-    side by side (STREAMS);
-  - optionally (COMPILE, train_rl.py / eval.py --compile-decode) each decode step through
-    torch.compile (compiled_trunk).
-Measured in bench.py (`python bench.py generation`, `python bench.py compiled`); history in the
-README's notes.
+  - generate: the reference. Plain eager PyTorch, one batch, one trunk call per new token, read top
+    to bottom (its parts: KVCache, prefill, sample).
+  - generate_streams: what RL rollouts, eval, the episodes and pretraining's sample call. The same
+    generate, faster on a CPU, each row sampled from the same distribution (float rounding of the
+    thread count and of the compiled step apart): one torch thread per call and two decode streams
+    side by side (cpu_threads, STREAMS); optionally each decode step through torch.compile
+    (COMPILE, compiled_trunk: train_rl.py / eval.py --compile-decode).
+  - generate_speculative: speculative sampling, the model's MTP modules (train_mtp.py) drafting
+    tokens that one trunk forward checks: several tokens per forward, exactly generate's
+    distribution (greedy: its tokens). generate_streams takes it where SPECULATIVE is set and the
+    model has MTP modules (agent.py, the interactive command).
+Then the episodes built on them: sample_completions, run_episodes (train_rl.py, eval.py, agent.py).
+Measured in bench.py (generation, compiled, speculative); the figures are in docs/benchmarks.md and
+docs/speculative.md.
 """
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
 import env
 from infra import common
-from model import GPT, as_prompt_lists
+from model import GPT
 
 # Settings of the speed paths, process-wide (like MoE.dispatch: they change speed, and float rounding
 # only: log-probs move by ~1e-6 when the thread count splits reductions differently).
@@ -33,7 +38,428 @@ STREAMS = 2      # decode streams (Python threads) on CPU: this machine's 2 core
 # recompiling for new shapes) takes minutes on 2 cores; --compile-decode turns it on.
 COMPILE = False
 _COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
+# generate_streams decodes with generate_speculative where the model has MTP modules (agent.py sets it;
+# calls that want routes still take generate: the drafts' routes are not recorded).
+SPECULATIVE = False
 
+
+# ----------------------------------------------------------------------------------------------
+# The reference: generate
+
+class KVCache:
+    """Preallocated per-layer keys/values, (B, n_kv_head, max_len, head_dim); all rows share the
+    pointer `pos`, the next column to write, because prompts are left-padded (see generate). The model
+    writes through update() at pos; the caller moves pos after each forward (speculative decoding
+    moves it past the accepted tokens only: a rejected draft's columns are written again)."""
+
+    def __init__(self, n_layer, max_len):
+        self.k, self.v, self.max_len, self.pos = [None] * n_layer, [None] * n_layer, max_len, 0
+
+    def update(self, i, k, v):
+        if self.k[i] is None:
+            B, H, _, D = k.shape
+            self.k[i] = k.new_zeros(B, H, self.max_len, D)
+            self.v[i] = v.new_zeros(B, H, self.max_len, D)
+        t = self.pos + k.size(2)
+        self.k[i][:, :, self.pos:t] = k
+        self.v[i][:, :, self.pos:t] = v
+        return self.k[i][:, :, :t], self.v[i][:, :, :t]
+
+    def select(self, rows):   # keep / duplicate batch rows (retire finished rows, fan out shared prompts)
+        self.k = [t if t is None else t.index_select(0, rows) for t in self.k]
+        self.v = [t if t is None else t.index_select(0, rows) for t in self.v]
+
+    def fill(self, past, end):
+        """Start from rows' earlier keys/values (past[b]: (layers, 2, n_kv_head, n_b, head_dim), as
+        take() returns them), row b's right-aligned to end at column `end` (left of it: masked pads).
+        Layers the past lacks (MTP layers, after a call without them) start from zeros."""
+        n_layer, _, H, _, D = past[0].shape
+        for i in range(min(n_layer, len(self.k))):
+            self.k[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+            self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+        for b, p in enumerate(past):
+            for i in range(min(n_layer, len(self.k))):
+                self.k[i][b, :, end - p.size(3):end], self.v[i][b, :, end - p.size(3):end] = p[i, 0], p[i, 1]
+        self.pos = end
+
+    def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
+        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]]) for k, v in zip(self.k, self.v)])
+
+
+def as_prompt_lists(prompts):
+    """generate()'s prompts -> a list of lists of ints: accepts lists/tuples of ids (or 1-D tensors),
+    or a (B, T) integer tensor."""
+    if torch.is_tensor(prompts):
+        if prompts.dim() != 2 or prompts.is_floating_point():
+            raise ValueError(f"generate: prompts must be a (B, T) integer tensor or a list of token-id lists, "
+                             f"got a {prompts.dtype} tensor of shape {tuple(prompts.shape)}")
+        return prompts.tolist()
+    try:
+        return [p.tolist() if torch.is_tensor(p) else [int(t) for t in p] for p in prompts]
+    except (TypeError, ValueError):
+        raise ValueError("generate: prompts must be a (B, T) integer tensor or a list of token-id lists") from None
+
+
+def anything_to_generate(prompts, past, max_new_tokens):
+    """False when there is nothing to generate; raises on bad input."""
+    if past is not None and len(past) != len(prompts):
+        raise ValueError(f"generate: {len(past)} pasts for {len(prompts)} prompts")
+    if not prompts or max_new_tokens <= 0:
+        return False
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("empty prompt")
+    return True
+
+
+def prefill(model, prompts, past, room, n_layers):
+    """A generate call's first forward. The distinct prompts (a row with a past of its own is never
+    merged with another) are LEFT-padded into one batch, so that every row's last prompt token sits in
+    the same column; each continues from its past (right-aligned before the prompt, pads between),
+    and the trunk reads them all once. Pads are masked out of attention, and RoPE positions count
+    from each row's first real token, so a row sees exactly what it would see alone. Returns h (U, L,
+    D): the trunk's output; chosen: its experts; cache: n_layers layers, `room` free columns after the
+    prompt, pos at the first; valid (U, columns): False at pads; rows: the distinct prompt of each
+    row; lens, n_past (U,); A, L: the past's and the prompt's padded widths; idx, pos: what was fed."""
+    dev = model.lm_head.weight.device
+    uniq = {}
+    which = [uniq.setdefault(i if past is not None else tuple(p), len(uniq)) for i, p in enumerate(prompts)]
+    first = {w: b for b, w in reversed(list(enumerate(which)))}
+    lens = torch.tensor([len(prompts[first[w]]) for w in range(len(uniq))], device=dev)
+    n_past = torch.tensor([past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))], device=dev)
+    A, L = int(n_past.max()), int(lens.max())     # cache columns: [pads, past] [pads, prompt] [new tokens]
+    col = torch.arange(A + L, device=dev)[None]
+    start = (A + L - lens)[:, None]
+    idx = torch.zeros(len(uniq), L, dtype=torch.long, device=dev)   # pad id 0: masked, never seen
+    for w in range(len(uniq)):
+        idx[w, L - lens[w]:] = torch.tensor(prompts[first[w]], device=dev)
+    valid = torch.ones(len(uniq), A + L + room, dtype=torch.bool, device=dev)
+    valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
+    cache = KVCache(n_layers, A + L + room)
+    mask = None
+    if A:
+        cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
+    if not bool(valid.all()) or A:   # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
+        mask = attention_mask(valid, A, L)
+    pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
+    h, chosen = model.trunk(idx, pos, cache, mask)
+    cache.pos += L
+    return SimpleNamespace(h=h, chosen=chosen, cache=cache, valid=valid, rows=torch.tensor(which, device=dev),
+                           which=which, lens=lens, n_past=n_past, A=A, L=L, idx=idx, pos=pos)
+
+
+def attention_mask(valid, at, T):
+    """(B, 1, T, at + T) bool: queries in columns at..at+T-1 see the real keys up to their own column
+    (a pad query sees itself: no empty row, no NaN)."""
+    col = torch.arange(at + T, device=valid.device)
+    q = at + torch.arange(T, device=valid.device)[:, None]
+    return (col <= q) & valid[:, None, None, :at + T] | (col == q)
+
+
+@torch.no_grad()
+def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
+             generator=None, return_routes=False, past=None, return_past=False, trunk=None) -> list[dict]:
+    """Sample a continuation for each prompt, all in one batch. prompts: lists of token ids (any
+    lengths), or a (B, T) integer tensor of B prompts (as nanoGPT's generate takes).
+
+    One prefill (left-padded prompts, see prefill), then each decode step feeds exactly one token per
+    row and all rows share one cache pointer. Identical prompts (n samples per task for pass@k) are
+    prefilled once and their cache rows duplicated. Finished rows (stop id or max_new_tokens) are
+    dropped from the batch and the cache (in bulk, once >= 1/8 of the rows are done, to amortise the
+    copy), so they stop costing compute. Per-step bookkeeping is a few tensor ops into preallocated
+    (rows, max_new_tokens) buffers, with no Python loop over rows, so its cost does not grow with the
+    batch.
+
+    Multi-turn episodes (agent.py) continue rows instead of re-reading them: return_past=True adds
+    "past" to each output, the keys/values of every token the row fed (its past, prompt and
+    tokens[:-1]); given back as `past` (one per prompt) with the next turn's tokens as prompts, each
+    row's cache starts from its past and only the new tokens are prefilled.
+
+    Returns per prompt {"tokens", "logprobs"[, "routes"][, "past"]}: logprobs under
+    softmax(logits / T) before top-k/top-p (T = 0: greedy, plain softmax); routes (n_moe_layers,
+    L - 1, top_k) are the experts of every token this call fed (prompt + tokens[:-1]), for router
+    replay. trunk: the function each decode step calls instead of model.trunk, same arguments and
+    result (compiled_trunk: a speed path; the prefill always runs model.trunk)."""
+    prompts = as_prompt_lists(prompts)
+    nl, k = model.n_moe_layers, model.config.top_k
+    if not anything_to_generate(prompts, past, max_new_tokens):
+        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=torch.long)}
+                                                   if return_routes else {})} for _ in prompts]
+    b = prefill(model, prompts, past, max_new_tokens, model.config.n_layer)
+    cache, rows, L, U = b.cache, b.rows, b.L, len(b.lens)
+    logits = model.lm_head(b.h[:, -1]).float()
+    cache.select(rows)
+    logits, valid, pos = logits[rows], b.valid[rows], (b.n_past + b.lens)[rows]
+    padded = not bool(b.valid.all())
+    # Outputs by original row: token t of row b in column t; routes of the token in cache column c
+    # (left-padded prompt, then generated tokens) in column c - A. Rows that finished but were not
+    # yet retired keep writing junk past their end; n_out cuts it off.
+    B, dev = len(prompts), logits.device
+    tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+    logprobs = torch.zeros(B, max_new_tokens, device=dev)
+    n_out = torch.full((B,), max_new_tokens, device=dev)
+    routes = torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev) if return_routes else None
+    if return_routes and nl:
+        routes[:, :, :L] = torch.stack([c.view(U, L, k) for c in b.chosen])[:, rows]
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+    alive = torch.arange(B, device=dev)                 # original row id of each batch row
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    pasts = [None] * B
+    def keep_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
+        r = int(alive[j])
+        n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
+        pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
+    trunk = trunk or model.trunk
+    for t in range(max_new_tokens):
+        tok, lp = sample(logits, temperature, top_k, top_p, generator)
+        tokens[alive, t], logprobs[alive, t] = tok, lp
+        hit = torch.isin(tok, stop) & ~done
+        n_out[alive] = torch.where(hit, t + 1, n_out[alive])
+        done |= hit
+        n_done = int(done.sum())
+        if n_done == len(alive) or t == max_new_tokens - 1:
+            break
+        if 8 * n_done >= len(alive):   # retire finished rows
+            if return_past:
+                for j in done.nonzero().squeeze(1).tolist():
+                    keep_past(j)
+            keep = (~done).nonzero().squeeze(1)
+            cache.select(keep)
+            tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
+        mask = valid[:, None, None, :cache.pos + 1] if padded else None
+        h, chosen = trunk(tok[:, None], pos[:, None], cache, mask)
+        cache.pos += 1
+        logits = model.lm_head(h[:, -1]).float()
+        pos += 1
+        if return_routes and nl:
+            routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
+    if return_past:
+        for j in range(len(alive)):
+            keep_past(j)
+    return outputs(tokens, logprobs, n_out, pasts if return_past else None, routes, prompts, L)
+
+
+def outputs(tokens, logprobs, n_out, pasts, routes, prompts, L):
+    """generate's per-prompt dicts from its (rows, steps) buffers, each cut at its n_out."""
+    out = [{"tokens": tk[:n], "logprobs": lq[:n]}
+           for tk, lq, n in zip(tokens.tolist(), logprobs.tolist(), n_out.tolist())]
+    if routes is not None:
+        routes = routes.cpu()
+        for b, o in enumerate(out):   # the prompt's own columns (its left pads excluded) + tokens[:-1]
+            o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1]
+    if pasts is not None:
+        for o, p in zip(out, pasts):
+            o["past"] = p
+    return out
+
+
+def distribution(logits, temperature, top_k=0, top_p=1.0):
+    """logits (B, V) fp32, T > 0 -> (log softmax(logits / T), the distribution to sample: its probs
+    after top-k and top-p filtering)."""
+    logp = (logits / temperature).log_softmax(-1)
+    filt = logp
+    if top_k and top_k < logp.size(-1):
+        kth = filt.topk(top_k, dim=-1).values[:, -1:]
+        filt = filt.masked_fill(filt < kth, float("-inf"))
+    if top_p < 1.0:   # nucleus (Holtzman et al. 2020): smallest set of tokens with mass >= top_p
+        sp, si = filt.sort(-1, descending=True)
+        p = sp.softmax(-1)
+        drop = p.cumsum(-1) - p >= top_p                  # mass before this token already >= top_p
+        filt = filt.scatter(-1, si, sp.masked_fill(drop, float("-inf")))
+    return logp, logp.exp() if filt is logp else filt.softmax(-1)
+
+
+def draw(probs, generator=None):
+    """One token per row of probs (B, V), which need not sum to 1. Inverse-CDF sampling: one uniform
+    per row and a binary search (right=True never lands on a zero-probability token).
+    torch.multinomial draws V exponentials per row: it was the single biggest cost of CPU generation."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.size(0), 1, generator=generator, device=generator.device if generator else probs.device)
+    tok = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
+    if (tok >= probs.size(-1)).any():   # float rounding at the very top of the cdf
+        tok = torch.where(tok >= probs.size(-1), probs.argmax(-1), tok)
+    return tok
+
+
+def sample(logits, temperature, top_k, top_p, generator=None):
+    """logits (B, V) fp32 -> (token, logprob of that token under softmax(logits / T), pre-filtering)."""
+    if temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+    logp, probs = distribution(logits, temperature, top_k, top_p)
+    tok = draw(probs, generator)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Speculative sampling, the MTP modules drafting
+
+@torch.no_grad()
+def generate_speculative(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
+                         generator=None, past=None, return_past=False, stats=None) -> list[dict]:
+    """generate's samples, several tokens per trunk forward: speculative sampling (Leviathan et al.
+    2023; Chen et al. 2023) with the model's n_mtp MTP modules (DeepSeek-V3) as the drafter. Each
+    step, the MTP levels draft n_mtp tokens (draft), one trunk forward scores the last token and every
+    draft, and accept keeps each draft with probability min(1, p(d) / q(d)), p the model's
+    distribution and q the drafter's, resampling the first rejected one from max(0, p - q): every
+    token has exactly generate's distribution, softmax(logits / T) after top-k / top-p, whatever the
+    drafter proposes; at T = 0, generate's tokens. All rows move by the same count per step (see
+    accept), so the batch keeps generate's left-padded layout and one cache pointer; a rejection is
+    rolled back by setting that pointer after the accepted tokens (the rejected columns are written
+    again by the next step). Same prompts, stop ids, pasts (whose keys/values include the MTP layers'),
+    retiring of finished rows and outputs as generate, without routes. stats: a dict that receives
+    the counts bench.py reports (trunk forwards, tokens they advanced, drafts reached and accepted at
+    each position)."""
+    prompts = as_prompt_lists(prompts)
+    D = model.config.n_mtp
+    if not D:
+        raise ValueError("generate_speculative: the model has no MTP modules (n_mtp = 0)")
+    if not anything_to_generate(prompts, past, max_new_tokens):
+        return [{"tokens": [], "logprobs": []} for _ in prompts]
+    # room after the prompt: the new tokens, then a step's drafts and the MTP levels' look-ahead
+    b = prefill(model, prompts, past, max_new_tokens + 2 * D + 1, model.config.n_layer + D)
+    cache, rows, A, L, B = b.cache, b.rows, b.A, b.L, len(prompts)
+    logits = model.lm_head(b.h[:, -1]).float()[rows]
+    cache.select(rows)
+    valid, pos = b.valid[rows], (b.n_past + b.lens)[rows]
+    dev, ahead = pos.device, torch.arange(2 * D + 1, device=pos.device)
+    new, lp = (x[:, None] for x in sample(logits, temperature, top_k, top_p, generator))
+    # the MTP levels read the prompt and the first token; pads read as zeros (training's "before the start")
+    real = valid[:, A:A + L + D]
+    h = b.h[rows].masked_fill(~real[:, :L, None], 0)
+    drafts, q, carry = draft(model, cache, A, [h.new_zeros(B, 1, h.size(-1))] * D, h, torch.cat([b.idx[rows], new], 1),
+                             torch.cat([b.pos[rows], pos[:, None] + ahead[:D]], 1), valid, temperature, top_k, top_p,
+                             generator, real)
+    cache.pos = A + L
+    count(stats, D, 1)
+    width = max_new_tokens + D + 1          # a step may pass max_new_tokens; n_out cuts it
+    tokens = torch.zeros(B, width, dtype=torch.long, device=dev)
+    logprobs = torch.zeros(B, width, device=dev)
+    n_out = torch.full((B,), max_new_tokens, device=dev)
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+    alive = torch.arange(B, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    pasts, t = [None] * B, 0
+    def keep_past(j):   # as in generate
+        r = int(alive[j])
+        n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
+        pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
+    while True:
+        s = new.size(1)
+        tokens[alive, t:t + s], logprobs[alive, t:t + s] = new, lp
+        hit = torch.isin(new, stop)
+        first = torch.where(hit.any(1), t + 1 + hit.int().argmax(1), n_out[alive])
+        n_out[alive] = torch.where(done, n_out[alive], torch.minimum(first, n_out[alive]))
+        done |= hit.any(1) | (t + s >= max_new_tokens)
+        t += s
+        n_done = int(done.sum())
+        if n_done == len(alive):
+            break
+        if 8 * n_done >= len(alive):   # retire finished rows
+            if return_past:
+                for j in done.nonzero().squeeze(1).tolist():
+                    keep_past(j)
+            keep = (~done).nonzero().squeeze(1)
+            cache.select(keep)
+            new, drafts, valid, pos, alive, done = new[keep], drafts[keep], valid[keep], pos[keep], alive[keep], done[keep]
+            q, carry = q[keep] if q is not None else None, [c[keep] for c in carry]
+        # one trunk forward checks the drafts: the last token, then the drafts, from the pointer on
+        at, x = cache.pos, torch.cat([new[:, -1:], drafts], 1)
+        h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, attention_mask(valid, at, D + 1))
+        new, lp, run = accept(model.lm_head(h).float(), drafts, q, temperature, top_k, top_p, generator, ~done)
+        s = new.size(1)
+        count(stats, D, s, run[~done])
+        drafts, q, carry = draft(model, cache, at, carry, h[:, :s], torch.cat([x[:, :1], new], 1),
+                                 pos[:, None] + ahead[:s + D], valid, temperature, top_k, top_p, generator)
+        cache.pos, pos = at + s, pos + s   # the rollback: columns of rejected drafts are written again
+    if return_past:
+        for j in range(len(alive)):
+            keep_past(j)
+    return outputs(tokens, logprobs, n_out, pasts if return_past else None, None, prompts, L)
+
+
+def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, top_p, generator, real=None):
+    """The MTP levels catch up with the newly committed tokens, then draft the next n_mtp. h (B, s, D):
+    the trunk's output at the s new slots (cache columns at..at+s-1); tokens (B, s + 1): the tokens fed
+    at those slots and the one committed after them; carry: each level's output at the slot before
+    `at` (level 0: the trunk; zeros at the start); pos (B, s + n_mtp): the slots' positions; real:
+    False at pads (the prefill), whose outputs read as zeros. Level m (1..n_mtp) reads level m-1 one
+    slot back and the token at each of s + m slots from `at`: the committed ones, then the m - 1
+    drafts so far; its last slot drafts the next token. Its keys/values go to the cache's MTP layers
+    from column `at` (the caller moves the pointer past the committed slots only). Returns the drafts
+    (B, n_mtp), their distributions (B, n_mtp, V; None when greedy) and the new carry."""
+    s, D = h.size(1), len(model.mtp)
+    cos, sin = model.rope(pos)
+    mask = attention_mask(valid, at, s + D)
+    prev, toks, carry_out, drafts, qs = torch.cat([carry[0], h], 1), tokens, [h[:, -1:]], [], []
+    for m, mod in enumerate(model.mtp):
+        n = s + 1 + m
+        cache.pos = at
+        out = mod(prev, model.wte(toks), cos[:, :, :n], sin[:, :, :n], cache, mask[:, :, :n, :at + n])
+        if real is not None:
+            out = out.masked_fill(~real[:, :n, None], 0)
+        logits = model.lm_head(mod.norm(out[:, -1])).float()
+        q = None if temperature == 0 else distribution(logits, temperature, top_k, top_p)[1]
+        drafts.append(logits.argmax(-1) if q is None else draw(q, generator))
+        qs.append(q)
+        if m + 1 < D:
+            carry_out.append(out[:, s - 1:s])
+            prev, toks = torch.cat([carry[m + 1], out], 1), torch.cat([toks, drafts[-1][:, None]], 1)
+    return torch.stack(drafts, 1), None if temperature == 0 else torch.stack(qs, 1), carry_out
+
+
+def accept(logits, drafts, q, temperature, top_k, top_p, generator, live):
+    """The rule of Leviathan et al. 2023 and Chen et al. 2023. logits (B, D + 1, V): the model's at the
+    last committed token and at each draft; drafts (B, D), drawn from q (B, D, V). Draft j is kept
+    with probability min(1, p_j(d) / q_j(d)); the first one rejected is replaced by a draw from
+    max(0, p_j - q_j) normalised; after D kept drafts a bonus token comes from p_D. Each token then
+    has distribution p exactly (greedy: a draft is kept where it is p's argmax, and the replacement
+    is the argmax). The batch moves by the fewest drafts any live row kept, a, plus one: a row that
+    kept more takes its kept draft a + 1 there, also a token of its exact distribution, as the
+    replacement is. Returns the tokens (B, a + 1), their log-probs under softmax(logits / T) (as
+    generate reports them) and each row's own count of kept drafts."""
+    B, T, V = logits.shape
+    if temperature == 0:
+        logp, best = logits.log_softmax(-1), logits.argmax(-1)
+        kept = drafts == best[:, :-1]
+    else:
+        logp, p = (x.view(B, T, V) for x in distribution(logits.view(B * T, V), temperature, top_k, top_p))
+        u = torch.rand(B, T - 1, generator=generator, device=generator.device if generator else logits.device)
+        pick = drafts[..., None]
+        kept = u.to(logits.device) < keep_probability(p[:, :-1].gather(-1, pick)[..., 0], q.gather(-1, pick)[..., 0])
+    run = kept.int().cumprod(1).sum(1)
+    a = int(run[live].min())
+    if temperature == 0:
+        fix = best[:, a]
+    else:
+        fix = draw(p[:, a] if a == T - 1 else (p[:, a] - q[:, a]).clamp_min(0), generator)
+    last = torch.where(run > a, drafts[:, a], fix) if a < T - 1 else fix
+    toks = torch.cat([drafts[:, :a], last[:, None]], 1)
+    return toks, logp[:, :a + 1].gather(-1, toks[..., None])[..., 0], run
+
+
+def keep_probability(p, q):
+    """The chance of keeping a draft that the drafter proposed with probability q and the model gives
+    probability p: min(1, p / q) (q > 0: the draft was drawn from it)."""
+    return (p / q).clamp(max=1.0)
+
+
+def count(stats, D, advanced, run=None):
+    """bench.py's counts: trunk forwards, the tokens they advanced each row by, and per draft position
+    j the live rows whose drafts before j were all kept (reached) and those that kept j too."""
+    if stats is None:
+        return
+    stats["forwards"] = stats.get("forwards", 0) + 1
+    stats["advanced"] = stats.get("advanced", 0) + advanced
+    for key in ("reached", "kept"):
+        stats.setdefault(key, [0] * D)
+    if run is not None:
+        for j in range(D):
+            stats["reached"][j] += int((run >= j).sum())
+            stats["kept"][j] += int((run > j).sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Speed paths: threads, streams, a compiled decode step
 
 @contextmanager
 def cpu_threads(n):
@@ -53,7 +479,7 @@ def cpu_threads(n):
 
 def compiled_trunk(model):
     """model.trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
-    and the cache grows by a column a step), for GPT.generate's `trunk`. A CPU decode step is a few
+    and the cache grows by a column a step), for generate's `trunk`. A CPU decode step is a few
     hundred small ops whose dispatch costs more than their arithmetic; the compiler fuses them into a
     few dozen kernels, and the MoE layers run every expert densely (MoE.experts_dense) instead of
     sorting tokens. The unbound GPT.trunk is compiled once, with the model as an argument: the
@@ -63,34 +489,36 @@ def compiled_trunk(model):
     if "trunk" not in _COMPILED:
         _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
 
-    def trunk(idx, pos, cache=None, mask=None, chosen=None):
+    def trunk(idx, pos, cache=None, mask=None):
         if _COMPILED["trunk"]:
-            n = len(chosen) if chosen is not None else 0
             try:
-                return _COMPILED["trunk"](model, idx, pos, cache, mask, chosen=chosen)
+                return _COMPILED["trunk"](model, idx, pos, cache, mask)
             except Exception as e:
                 # The failed call wrote at most this step's cache column, which the eager call writes
-                # again (trunk moves cache.pos only at its end), and maybe some routes.
+                # again (generate moves cache.pos after the call).
                 warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
                 _COMPILED["trunk"] = False
-                if chosen is not None:
-                    del chosen[n:]
-        return model.trunk(idx, pos, cache, mask, chosen=chosen)
+        return model.trunk(idx, pos, cache, mask)
     return trunk
 
 
 def generate_streams(model, prompts, max_new_tokens, streams=None, generator=None, past=None, **kw):
-    """model.generate over `streams` Python threads (default STREAMS on CPU, 1 on GPU), each on a
+    """generate over `streams` Python threads (default STREAMS on CPU, 1 on GPU), each on a
     contiguous share of the rows with a random stream of its own and THREADS torch threads. A CPU
     decode step is a few hundred small ops: too small to split across OpenMP threads (a thread woken
     for each op costs more than it gives), but each op releases the GIL, so two independent batches
     decode side by side (bench.py generation). Rows of one prompt stay in one share (its prefill is
     shared). The samples depend on the number of streams, as they depend on the batch; each row's
-    distribution does not. Same arguments and outputs as GPT.generate. One stream (plain generate
-    with the caller's generator) on GPU and under 16 rows per stream."""
+    distribution does not. Same arguments and outputs as generate. One stream (plain generate
+    with the caller's generator) on GPU and under 16 rows per stream. With SPECULATIVE set and a model
+    with MTP modules, each share runs generate_speculative instead (unless routes are asked for)."""
     prompts = as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
-    kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
+    fn = generate
+    if SPECULATIVE and model.config.n_mtp and not kw.get("return_routes"):
+        fn, kw = generate_speculative, {k: v for k, v in kw.items() if k not in ("trunk", "return_routes")}
+    else:
+        kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
     streams = max(1, min(STREAMS if streams is None else streams, n // 16))
     if not cpu or THREADS != 1:
         streams = 1   # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
@@ -99,16 +527,19 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
     if len(bounds) <= 2 or max_new_tokens <= 0:
         with cpu_threads(THREADS if cpu else 0):
-            return model.generate(prompts, max_new_tokens, generator=generator, past=past, **kw)
+            return fn(model, prompts, max_new_tokens, generator=generator, past=past, **kw)
     seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
 
     def share(i):
         a, b = bounds[i], bounds[i + 1]
         g = torch.Generator().manual_seed(seeds[i])
-        return model.generate(prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
+        return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
     with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
         return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
 
+
+# ----------------------------------------------------------------------------------------------
+# Samples and episodes: what RL, eval and the interactive command draw
 
 def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
                        return_routes=False, generator=None, top_k=0, progress=False, on_batch=None, prompts=None):
@@ -155,7 +586,7 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
 
     An episode ends when its attempt passes the visible examples, when the turn budget is spent,
     when the task has no visible examples, or when another turn would not fit the context. Each
-    further turn continues the row's KV cache (model.generate's past): the feedback is appended,
+    further turn continues the row's KV cache (generate's past): the feedback is appended,
     nothing is re-read. The hidden tests judge every attempt (for the self-repair curve); the
     reward is the verdict on the last one. Returns per episode {"task_idx", "turns": one sample per
     attempt (as_sample's dict, prompt_ids = the tokens fed that turn, plus "feedback": the

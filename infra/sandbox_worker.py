@@ -32,6 +32,11 @@ namespace whose init is the zygote (a killed worker takes every candidate with i
 mount table, a UTS namespace, and an IPC namespace whose System V and POSIX-mqueue limits are zero,
 so no candidate can create an IPC object at all (nothing to outlive a run or carry answers).
 Without root none of the namespaces, mounts, chroot or uid drop apply (env.py warns once).
+
+The worker's own directory (TMPDIR/sandbox-PID) gets a private tmpfs mounted on it, in the worker's
+mount table only: the host sees an empty directory, and nothing written there outlives the worker.
+Not a private /tmp over the host's: the interpreter, a virtual environment or the checkout may
+live under /tmp (CI, containers), and the zygote is exec'd after the mounts.
 """
 # Do not add imports of non-stdlib modules here: the children run from this process image.
 import builtins
@@ -378,15 +383,13 @@ class Supervisor:
         self.cfg, self.n = cfg, 0
         self.iso = {"netns": False, "pidns": False, "ipcns": False, "private_tmp": False, "tmpfs_per_run": False}
         privileged = os.geteuid() == 0 and not cfg["fallback"]   # "fallback": test the no-root path as root
-        # The zygote is exec'd from this file's text, read now: after the private /tmp is mounted, a
-        # checkout under /tmp (a CI clone, a test's copy) is no longer visible at its path.
+        # The zygote is exec'd from this file's text, read once (the file may change under a run).
         with open(os.path.abspath(__file__)) as f:
             source = f.read()
-        self.libc = self._namespaces() if privileged else None
-        tmp = "/tmp" if self.iso["private_tmp"] else cfg["tmpdir"]
-        self.base = os.path.join(tmp, "sandbox-%d" % os.getpid())
+        self.base = os.path.join(cfg["tmpdir"], "sandbox-%d" % os.getpid())
         remove_tree(self.base, time.monotonic() + 5)
         os.mkdir(self.base, 0o711)
+        self.libc = self._namespaces() if privileged and cfg.get("namespaces", True) else None
         self.judge_root = os.path.join(self.base, "judge")   # empty, root-owned, read-only for the judge
         os.mkdir(self.judge_root, 0o555)
         self.null = os.open(os.devnull, os.O_RDWR)
@@ -401,11 +404,17 @@ class Supervisor:
                 os.dup2(2, 1)
                 os.set_inheritable(theirs.fileno(), True)
                 os.execv(sys.executable, cmd)
+            except BaseException as e:     # say why on stderr: "zygote died" alone hides it
+                os.write(2, ("sandbox: cannot execute %s: %s\n" % (sys.executable, describe(e))).encode())
             finally:
                 os._exit(127)
         theirs.close()
         self.zygote_pid = pid
-        hello = self._answer(30)
+        try:
+            hello = self._answer(30)
+        except EOFError:
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            raise EOFError("zygote died at start (exit status %d; %s)" % (status, sys.executable)) from None
         self.iso.update(hello)
         self.iso["tmpfs_per_run"] = self.iso["tmpfs_per_run"] and self.iso["chroot"]
 
@@ -429,8 +438,10 @@ class Supervisor:
                 pass
         libc.unshare(CLONE_NEWUTS)
         if libc.unshare(CLONE_NEWNS) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
-            opts = ("size=%dm,mode=700" % self.cfg["tmpfs_mb"]).encode()
-            self.iso["private_tmp"] = libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0
+            # a tmpfs on our own directory only, seen by this mount table only (see the docstring)
+            opts = ("size=%dm,mode=711" % self.cfg["tmpfs_mb"]).encode()
+            self.iso["private_tmp"] = libc.mount(b"tmpfs", self.base.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                                                 opts) == 0
             self.iso["tmpfs_per_run"] = self.iso["private_tmp"]
         return libc
 
@@ -545,8 +556,9 @@ class Supervisor:
             os.waitpid(self.zygote_pid, 0)
         except OSError:
             pass
-        if not self.iso["private_tmp"]:    # a private tmpfs vanishes with the mount namespace
-            remove_tree(self.base, time.monotonic() + 5)
+        if self.iso["private_tmp"]:        # its contents vanish with it; the host keeps an empty dir
+            self.libc.umount2(self.base.encode(), MNT_DETACH)
+        remove_tree(self.base, time.monotonic() + 5)
 
 def pipe_with(text):
     """A pipe already holding `text` (write end closed): the child reads it, nobody else ever does."""
@@ -631,7 +643,7 @@ def main():
     os.dup2(null, 0)
     os.dup2(2, 1)                          # nothing may ever reach the protocol pipe by accident
     sup = Supervisor(cfg)
-    write_all(proto_out, (json.dumps({"hello": dict(sup.iso, pid=os.getpid())}) + "\n").encode())
+    write_all(proto_out, (json.dumps({"hello": dict(sup.iso, pid=os.getpid(), base=sup.base)}) + "\n").encode())
     for line in proto_in:
         try:
             reply = sup.run(json.loads(line))

@@ -105,7 +105,7 @@ def kl_k1(logp, ref_logp, mask):
 
 
 def turns_of(s):
-    """The turns of a sample: an episode's (agent.run_episodes, --turns > 1) or the sample itself."""
+    """The turns of a sample: an episode's (engine.run_episodes, --turns > 1) or the sample itself."""
     return s.get("turns") or [s]
 
 
@@ -128,7 +128,7 @@ def flatten(s):
 
 
 def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
-    """Sample dicts (eval.sample_completions) or episodes (agent.run_episodes) -> idx (B, T), targets
+    """Sample dicts (engine.sample_completions) or episodes (engine.run_episodes) -> idx (B, T), targets
     (B, T) with -1 on prompt, feedback and padding (the loss mask: generated tokens only), old
     logprobs (B, T), routes (n_moe_layers, B, T, top_k) or None, valid (B, T) bool (real tokens, not
     padding: the MoE counts only those as expert load). idx = flatten()'s ids, right-padded."""
@@ -248,7 +248,7 @@ def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, s
     predicts each target); None: collate's (one sample per row, causal, a target's column predicts it)."""
     pos = torch.arange(idx.size(1), device=idx.device)[None] if pos is None else pos
     mask = None if seg is None else block_mask(seg)
-    h = model.trunk(idx, pos, mask=mask, routes=routes, valid=valid)
+    h, _ = model.trunk(idx, pos, mask=mask, routes=routes, valid=valid)
     m = tgt >= 0
     logp_all = F.log_softmax(model.lm_head(h[m] if src is None else h.flatten(0, 1)[src[m]]).float()
                              / (temperature or 1.0), -1)

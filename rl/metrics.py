@@ -1,11 +1,12 @@
 """
-What an RL run (train_rl.py) records: the statistics each step sums (new_stats) and
-reduces over ranks, the step's metrics.jsonl line with the progress bar and the reward-hack warning
-(record), the held-out eval per slice (held_out) and the final JSON summary (summarize_run).
+What an RL run (train_rl.py) records: the statistics each step sums (new_stats) and reduces over
+ranks, the step's metrics.jsonl line with the progress bar and the reward-hack warning (record),
+and the final JSON summary (summarize_run). The held-out eval itself is train_rl.held_out (it runs
+eval.py's harness; this module stays below eval.py in the imports).
 
-Every function but new_stats (which takes the arguments) takes train_rl.py's `ctx`: setup()'s
-namespace (args, rank / world / ddp / master, model, tokenizer, sandbox pool, held-out tasks, paths,
-start time and the resumable `state`).
+Every function but new_stats (which takes the arguments) takes train_rl.setup's namespace `ctx`
+(args, rank / world / ddp / master, model, tokenizer, sandbox pool, held-out tasks, paths, start
+time and the resumable `state`).
 """
 import time
 from collections import Counter
@@ -16,7 +17,6 @@ from tqdm import tqdm
 
 from infra import common
 import env
-
 
 
 def new_stats(args):

@@ -1,14 +1,21 @@
 """
-The sampling half of an RL step (train_rl.py): which train tasks a step draws, the prefilter that
-predicts which of them will give a mixed group, the rollouts through the shared harness
-(eval.sample_completions, or engine.run_episodes for --turns > 1), sandbox rewards, group-relative
-advantages, DAPO's dynamic-sampling refills, and the repairs of --repair-groups. Every function
-takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task stream, resumable
-state; a tool may pass just the fields a function reads, as experiments/prefilter_check.py does)
-and, where it records anything, a step's `stats` (rl_metrics.new_stats); the policy update,
-checkpoints and the loop stay in train_rl.py.
+The sampling half of an RL step (train_rl.rl_step): which train tasks a step draws, the rollouts
+through the shared harness, their sandbox rewards, and group-relative advantages with DAPO's
+dynamic-sampling refills.
 
-    batch = rollouts.sample_batch(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
+    groups = rollouts.sample_groups(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
+
+sample_groups runs rounds of sample_round until the step has its groups; a round is
+ctx.rollout (one of the three rollout functions below, chosen once by train_rl.setup) -> rewards
+-> rl.algo.group_advantages. A rollout function takes (ctx, tasks, stream keys, seed, stats) and
+returns (samples, results): the samples to train on and the sandbox verdicts that reward them.
+  single_turn    G completions per task (engine.sample_completions)
+  episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
+  repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
+Every function takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task
+stream, resumable state; a tool may pass just the fields a function reads, as
+experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
+(rl.metrics.new_stats).
 """
 import time
 
@@ -20,6 +27,220 @@ import env
 from rl.algo import collate, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
 from data.tasks import generate_tasks
 
+
+# ---------------------------------------------------------------------------------------------
+# A step's groups: rounds of rollout -> rewards -> advantages
+
+def sample_groups(ctx, step, stats):
+    """This rank's --batch-tasks / W groups with signal. Without dynamic sampling: one round of
+    tasks, groups without signal skipped. With it (DAPO), up to --ds-max-tries more rounds. Every
+    round generates a full --gen-batch (more tasks than are missing: small refill batches generate
+    slowly), and the informative groups left over wait in a queue for the next step. A queued group
+    is one optimizer step stale (sampled before the last update; the PPO ratio corrects for it),
+    trained on once, and dropped if not used by the next step. With --repair-groups a round can
+    yield up to two groups a task (its own and its repairs'), each one of the step's groups: the
+    surplus is queued with or without dynamic sampling, and a step may train on queued groups alone."""
+    args, st = ctx.args, ctx.state
+    batch, st["queue"] = st["queue"][:ctx.per_rank], []
+    stats["queued_groups"] += len(batch)
+    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
+        need = ctx.per_rank - len(batch)
+        if need <= 0:
+            break
+        n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
+        tasks, keys = prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
+        groups = sample_round(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
+        batch += groups[:need]
+        st["queue"] = groups[need:ctx.per_rank + need]
+        stats["rounds"] += 1
+    return batch
+
+
+def sample_round(ctx, tasks, keys, seed, stats):
+    """One round: roll out `tasks` (ctx.rollout), reward each sample, advantage each group. Returns
+    the groups worth training on (in task order), each a list of samples carrying their "adv"."""
+    args = ctx.args
+    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)
+    count_samples(samples, results, stats)
+    # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
+    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
+    if not scored:
+        return []
+    correct, reward = rewards(ctx, scored, stats)
+    # group ids: 2i for task i's first attempts, 2i + 1 for the repairs of one of them (--repair-groups)
+    ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
+    # DAPO's dynamic sampling keeps a group when its CORRECTNESS varies: a length penalty or KL term
+    # makes almost every group's shaped reward differ, and all-pass / all-fail groups would then
+    # train on length / KL noise instead of being replaced by fresh tasks.
+    adv, keep = group_advantages(reward, ids, std=args.adv_std,
+                                 signal_from=correct if args.dynamic_sampling else None)
+    stats["groups"] += len(set(ids))
+    signal = {t for t, k in zip(ids, keep.tolist()) if k}
+    stats["zero_var_groups"] += len(set(ids)) - len(signal)
+    for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
+        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
+        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
+    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
+    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
+        if k:   # only what training needs (queued groups go into the checkpoint)
+            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
+                {x: s.get(x) for x in needed}
+            groups.setdefault(g, []).append({**part, "adv": a})
+    return [groups[t] for t in sorted(groups)]
+
+
+def rewards(ctx, scored, stats):
+    """The reward of each scored (sample, result): correctness (the sandbox's verdict: 1 if every
+    hidden test passes, or the fraction passed with --fractional), minus Composer 2's length cost of
+    every token the model wrote (--len-penalty), minus the k1 KL to the reference folded into the
+    reward (--kl-coef). Returns (correctness, shaped reward), float64 tensors."""
+    args = ctx.args
+    first = torch.tensor([not s.get("repair") for s, _ in scored])     # pass rate, reward, KL: of first attempts
+    correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
+    reward = correct.clone()
+    if args.len_penalty:
+        # every token the model wrote in the episode: solving in fewer, shorter turns earns more
+        reward -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
+    if ctx.ref is not None:
+        kl = ref_kl(ctx, [s for s, _ in scored])
+        stats["kl_ref_sum"] += kl[first].sum().item()
+        reward -= args.kl_coef * kl
+    stats["passes"] += sum(r.passed for (_, r), f in zip(scored, first.tolist()) if f)
+    stats["n_scored"] += int(first.sum())
+    stats["reward_sum"] += reward[first].sum().item()
+    return correct, reward
+
+
+def count_samples(samples, results, stats):
+    """Reward-hack patterns in everything the model wrote; outcomes, lengths and turns of the first
+    attempts (a repair's are not a sample of the policy's first try)."""
+    for s, r in zip(samples, results):
+        for t in turns_of(s):
+            for k, v in env.hack_counts(t["completion"]).items():
+                stats[f"hack/{k}"] += v
+        if s.get("repair"):
+            continue
+        stats[f"outcome/{r.outcome}"] += 1
+        stats["len_sum"] += n_generated(s)
+        stats["len_n"] += 1
+        stats["len_max"] = max(stats["len_max"], n_generated(s))
+        stats["turns_sum"] += len(turns_of(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout functions: (ctx, tasks, keys, seed, stats) -> (samples, sandbox results)
+
+def single_turn(ctx, tasks, keys, seed, stats):
+    """G completions per task through the shared harness (engine.sample_completions: env's prompt,
+    cut and sandbox, as eval.py), each generated batch sandboxed while the next one is generated."""
+    args, futures, t0 = ctx.args, [], time.time()
+    submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
+                                                            [s["completion"] for s in b], fractional=args.fractional))
+    kw = sampling_kw(ctx)
+    if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
+        samples = []
+        for i, (task, key) in enumerate(zip(tasks, keys)):
+            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
+            for s in part:
+                s["task_idx"] = i
+            submit(part)
+            samples += part
+    else:
+        samples = engine.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
+                                            on_batch=submit, **kw)
+    t1 = time.time()
+    results = [r for f in futures for r in f.result()]
+    stats["gen_s"] += t1 - t0
+    stats["sandbox_s"] += time.time() - t1
+    return samples, results
+
+
+def episodes(ctx, tasks, keys, seed, stats):
+    """--turns N: G episodes per task (engine.run_episodes: an attempt, the feedback of a failed
+    visible example, another attempt, up to N). One sample = one episode, rewarded by its last
+    attempt's hidden tests; the loss covers every turn the model wrote (rl.algo.flatten)."""
+    t0 = time.time()
+    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, turns=ctx.args.turns, pool=ctx.pool,
+                              generator=rng(ctx, seed), fractional=ctx.args.fractional, **sampling_kw(ctx))
+    stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
+    return eps, [e["result"] for e in eps]
+
+
+def repair_groups(ctx, tasks, keys, seed, stats):
+    """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
+    for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
+    single_turn's G first attempts per task, then G repairs of one failed attempt (sample_repairs),
+    marked "repair": the repairs read the same failure, so their own group ranks repairs of one
+    failure against each other."""
+    samples, results = single_turn(ctx, tasks, keys, seed, stats)
+    repairs, verdicts = sample_repairs(ctx, tasks, samples, results, seed, stats)
+    return samples + repairs, results + verdicts
+
+
+REPAIR_STREAM = 15_485_863   # repairs draw from random streams of their own, apart from the first attempts'
+
+
+def sample_repairs(ctx, tasks, samples, results, seed, stats):
+    """G repairs of each root (repair_roots), sampled from the second turn's context
+    (engine.repair_prompt: the prompt, the failed attempt, its feedback). Tasks that no first attempt
+    solved are not branched: a repair rarely succeeds where G fresh attempts did not. A repair that
+    resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe describes,
+    Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test results)."""
+    t0 = time.time()
+    roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
+    parents = sorted(roots)
+    repairs = engine.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
+                                        generator=rng(ctx, seed + REPAIR_STREAM),
+                                        prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
+    for s in repairs:
+        s["task_idx"], s["repair"] = parents[s["task_idx"]], True
+        s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
+    t1 = time.time()
+    out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
+                             fractional=ctx.args.fractional)
+    stats["gen_s"] += t1 - t0
+    stats["sandbox_s"] += time.time() - t1
+    stats["repair_roots"] += len(parents)
+    stats["repair_n"] += len(out)
+    stats["repair_passes"] += sum(r.passed for r in out)
+    stats["repair_repeats"] += sum(s["repeat"] for s in repairs)
+    return repairs, out
+
+
+def repair_roots(ctx, tasks, samples, results):
+    """{task index: (the context its repairs are sampled from, the failed attempt)} for
+    sample_repairs: in each task that a first attempt solved, the first attempt that fails its hidden
+    tests and a visible example, if another turn after it fits the context."""
+    solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
+    visible = {i: env.visible_task(tasks[i]) for i in solved}     # parsed once per task, not per sample
+    cands = [s for s, r in zip(samples, results) if visible.get(s["task_idx"]) is not None and not r.passed
+             and r.outcome != "sandbox_error"]
+    seen = ctx.pool.run_batch([visible[s["task_idx"]] for s in cands], [s["completion"] for s in cands])
+    roots = {}
+    for s, v in zip(cands, seen):
+        i = s["task_idx"]
+        if i in roots or v.passed or v.outcome == "sandbox_error":
+            continue
+        ids = engine.repair_prompt(ctx.tok, tasks[i], s, v)
+        if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
+            roots[i] = ids, s
+    return roots
+
+
+def sampling_kw(ctx):
+    """The sampler's arguments, the same for first attempts, episodes and repairs."""
+    a = ctx.args
+    return dict(n=a.group_size, temperature=a.temperature, max_new_tokens=a.max_new_tokens, top_p=a.top_p,
+                batch_size=a.gen_batch, return_routes=ctx.replay)
+
+
+def rng(ctx, x):
+    """The sampler's random stream number x (a step's seed, or a task's stream index) under --seed."""
+    return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * 1_000_003 + x) % 2**62)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which tasks: the train stream and the prefilter
 
 def next_tasks(ctx, n):
     """This rank's next n tasks of the train stream, never revisited (single epoch). Rank r takes
@@ -59,107 +280,12 @@ def prefilter(ctx, tasks, keys, n, stats):
     return [tasks[i] for i in keep], [keys[i] for i in keep]
 
 
-def sampling_kw(ctx):
-    """The sampler's arguments, the same for first attempts, episodes and repairs."""
-    a = ctx.args
-    return dict(n=a.group_size, temperature=a.temperature, max_new_tokens=a.max_new_tokens, top_p=a.top_p,
-                batch_size=a.gen_batch, return_routes=ctx.replay)
-
-
-def rng(ctx, x):
-    """The sampler's random stream number x (a step's seed, or a task's stream index) under --seed."""
-    return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * 1_000_003 + x) % 2**62)
-
-
-def rollout(ctx, tasks, keys, seed, stats):
-    """G completions per task through the shared harness (eval.sample_completions), each generated
-    batch sandboxed while the next one is generated; with --turns > 1, G episodes per task
-    (engine.run_episodes). Returns (samples or episodes, results: the reward-bearing verdicts)."""
-    args, futures, t0 = ctx.args, [], time.time()
-    submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
-                                                            [s["completion"] for s in b], fractional=args.fractional))
-    kw = sampling_kw(ctx)
-    if args.turns > 1:                     # multi-turn episodes: one sample = one episode (engine.py)
-        samples = engine.run_episodes(ctx.model, ctx.tok, tasks, turns=args.turns, pool=ctx.pool,
-                                     generator=rng(ctx, seed), fractional=args.fractional, **kw)
-        results = [e["result"] for e in samples]
-        stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
-        return samples, results
-    if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
-        samples = []
-        for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
-            for s in part:
-                s["task_idx"] = i
-            submit(part)
-            samples += part
-    else:
-        samples = engine.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
-                                                on_batch=submit, **kw)
-    t1 = time.time()
-    results = [r for f in futures for r in f.result()]
-    stats["gen_s"] += t1 - t0
-    stats["sandbox_s"] += time.time() - t1
-    return samples, results
-
-
-def repair_roots(ctx, tasks, samples, results):
-    """{task index: (the context its repairs are sampled from, the failed attempt)} for
-    repair_rollout: in each task that a first attempt solved, the first attempt that fails its hidden
-    tests and a visible example, if another turn after it fits the context."""
-    solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
-    visible = {i: env.visible_task(tasks[i]) for i in solved}     # parsed once per task, not per sample
-    cands = [s for s, r in zip(samples, results) if visible.get(s["task_idx"]) is not None and not r.passed
-             and r.outcome != "sandbox_error"]
-    seen = ctx.pool.run_batch([visible[s["task_idx"]] for s in cands], [s["completion"] for s in cands])
-    roots = {}
-    for s, v in zip(cands, seen):
-        i = s["task_idx"]
-        if i in roots or v.passed or v.outcome == "sandbox_error":
-            continue
-        ids = engine.repair_prompt(ctx.tok, tasks[i], s, v)
-        if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
-            roots[i] = ids, s
-    return roots
-
-
-REPAIR_STREAM = 15_485_863   # repairs draw from random streams of their own, apart from the first attempts'
-
-
-def repair_rollout(ctx, tasks, samples, results, seed, stats):
-    """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
-    for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
-    Each root (repair_roots) gets G repairs, sampled from the second turn's context
-    (engine.repair_prompt: the prompt, the failed attempt, its feedback). The G repairs read the same
-    failure, so their group-relative advantage ranks repairs of one failure against each other.
-    Tasks that no first attempt solved are not branched: a repair rarely succeeds where G fresh
-    attempts did not. A repair that resubmits its root's code unchanged is marked "repeat" (the "no
-    edit" collapse SCoRe describes, Kumar et al. 2024; --repeat-penalty). Returns (repairs marked
-    "repair", their hidden-test results)."""
-    t0 = time.time()
-    roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
-    parents = sorted(roots)
-    repairs = engine.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
-                                            generator=rng(ctx, seed + REPAIR_STREAM),
-                                            prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
-    for s in repairs:
-        s["task_idx"], s["repair"] = parents[s["task_idx"]], True
-        s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
-    t1 = time.time()
-    out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
-                             fractional=ctx.args.fractional)
-    stats["gen_s"] += t1 - t0
-    stats["sandbox_s"] += time.time() - t1
-    stats["repair_roots"] += len(parents)
-    stats["repair_n"] += len(out)
-    stats["repair_passes"] += sum(r.passed for r in out)
-    stats["repair_repeats"] += sum(s["repeat"] for s in repairs)
-    return repairs, out
-
+# ---------------------------------------------------------------------------------------------
+# The no-grad scoring pass: the KL reference and the prefilter
 
 def teacher_forced(ctx, model, samples):
     """Per micro-batch of samples, without gradients: (targets, the sampler's log-probs, `model`'s
-    log-probs of the same tokens). The one no-grad scoring pass: the KL reference and the prefilter."""
+    log-probs of the same tokens)."""
     dev = ctx.device
     with torch.no_grad():
         for i in range(0, len(samples), ctx.args.micro_batch):
@@ -170,94 +296,6 @@ def teacher_forced(ctx, model, samples):
 
 
 def ref_kl(ctx, samples):
-    """k1 KL of each sample to the reference model, from the sampler's own log-probs."""
+    """k1 KL of each sample to the reference model (ctx.ref, frozen), from the sampler's own log-probs."""
     return torch.cat([kl_k1(old, ref_lp, (tgt >= 0).float()).double().cpu()
                       for tgt, old, ref_lp in teacher_forced(ctx, ctx.ref, samples)])
-
-
-def sample_groups(ctx, tasks, keys, seed, stats):
-    """Roll out `tasks`, reward and advantage each group. Returns the groups worth training on (in
-    task order), each a list of samples carrying their advantage "adv"."""
-    args = ctx.args
-    samples, results = rollout(ctx, tasks, keys, seed, stats)
-    if args.repair_groups:
-        repairs, verdicts = repair_rollout(ctx, tasks, samples, results, seed, stats)
-        samples, results = samples + repairs, results + verdicts
-    for s, r in zip(samples, results):
-        for t in turns_of(s):        # reward-hack patterns: in everything the model wrote
-            for k, v in env.hack_counts(t["completion"]).items():
-                stats[f"hack/{k}"] += v
-        if s.get("repair"):          # outcomes, lengths, pass rate, reward, KL: of the first attempts
-            continue
-        stats[f"outcome/{r.outcome}"] += 1
-        stats["len_sum"] += n_generated(s)
-        stats["len_n"] += 1
-        stats["len_max"] = max(stats["len_max"], n_generated(s))
-        stats["turns_sum"] += len(turns_of(s))
-    # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
-    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
-    if not scored:
-        return []
-    first = torch.tensor([not s.get("repair") for s, _ in scored])
-    correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
-    if args.repeat_penalty:
-        # a resubmitted failure scores P below what it scored (a fresh try might pass; it cannot), and
-        # counts as signal: a group of failed repairs still learns not to resubmit
-        correct -= args.repeat_penalty * torch.tensor([float(s.get("repeat", False)) for s, _ in scored],
-                                                      dtype=torch.float64)
-    rewards = correct.clone()
-    if args.len_penalty:
-        # every token the model wrote in the episode: solving in fewer, shorter turns earns more
-        rewards -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
-    if ctx.ref is not None:                      # k1 KL to the reference, folded into the reward
-        kl = ref_kl(ctx, [s for s, _ in scored])
-        stats["kl_ref_sum"] += kl[first].sum().item()
-        rewards -= args.kl_coef * kl
-    # group ids: 2i for task i's first attempts, 2i + 1 for the repairs of one of them (--repair-groups)
-    ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
-    # DAPO's dynamic sampling keeps a group when its CORRECTNESS varies: a length penalty or KL term
-    # makes almost every group's shaped reward differ, and all-pass / all-fail groups would then
-    # train on length / KL noise instead of being replaced by fresh tasks.
-    adv, keep = group_advantages(rewards, ids, std=args.adv_std,
-                                 signal_from=correct if args.dynamic_sampling else None)
-    stats["passes"] += sum(r.passed for (_, r), f in zip(scored, first.tolist()) if f)
-    stats["n_scored"] += int(first.sum())
-    stats["reward_sum"] += rewards[first].sum().item()
-    stats["groups"] += len(set(ids))
-    signal = {t for t, k in zip(ids, keep.tolist()) if k}
-    stats["zero_var_groups"] += len(set(ids)) - len(signal)
-    for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
-        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
-        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
-    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
-    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
-        if k:   # only what training needs (queued groups go into the checkpoint)
-            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
-                {x: s.get(x) for x in needed}
-            groups.setdefault(g, []).append({**part, "adv": a})
-    return [groups[t] for t in sorted(groups)]
-
-
-def sample_batch(ctx, step, stats):
-    """This rank's --batch-tasks / W groups with signal. Without dynamic sampling: one round of
-    tasks, groups without signal skipped. With it (DAPO), up to --ds-max-tries more rounds. Every
-    round generates a full --gen-batch (more tasks than are missing: small refill batches generate
-    slowly), and the informative groups left over wait in a queue for the next step. A queued group
-    is one optimizer step stale (sampled before the last update; the PPO ratio corrects for it),
-    trained on once, and dropped if not used by the next step. With --repair-groups a round can
-    yield up to two groups a task (its own and its repairs'), each one of the step's groups: the
-    surplus is queued with or without dynamic sampling, and a step may train on queued groups alone."""
-    args, st = ctx.args, ctx.state
-    batch, st["queue"] = st["queue"][:ctx.per_rank], []
-    stats["queued_groups"] += len(batch)
-    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
-        need = ctx.per_rank - len(batch)
-        if need <= 0:
-            break
-        n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
-        tasks, keys = prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
-        groups = sample_groups(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
-        batch += groups[:need]
-        st["queue"] = groups[need:ctx.per_rank + need]
-        stats["rounds"] += 1
-    return batch

@@ -57,7 +57,7 @@ def test_generate_streams_is_generate_per_share():
         seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
         with engine.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
             return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
-                    for o in model.generate(prompts[a:b], n, generator=torch.Generator().manual_seed(s),
+                    for o in engine.generate(model, prompts[a:b], n, generator=torch.Generator().manual_seed(s),
                                             past=past[a:b] if past else None, **kw)]
 
     def same(got, want):
@@ -77,7 +77,7 @@ def test_generate_streams_is_generate_per_share():
     for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
         one = engine.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
         with engine.cpu_threads(1):
-            assert one == model.generate(rows, 6, generator=g.manual_seed(2), temperature=1.0)
+            assert one == engine.generate(model, rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
 def test_visible_tests_are_the_docstring_examples():
@@ -161,12 +161,13 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
                                                             path, "--out-dir", str(tmp_path), "--repair-groups",
                                                             "--no-eval", "--group-size", "4"])
     ctx = train_rl.setup(args)
+    assert ctx.rollout is rollouts.repair_groups        # chosen once, in setup
     ts = generate_tasks("train", 3, seed=0, difficulties=[1])
     win = lambda r: env.Result(1.0, True, "pass", "", r.n_tests, r.n_tests)
-    roll, branch, seen = rollouts.rollout, rollouts.repair_rollout, {}
+    first_attempts, branch, seen = rollouts.single_turn, rollouts.sample_repairs, {}
 
-    def rigged_rollout(*a):
-        samples, results = roll(*a)
+    def rigged_attempts(*a):
+        samples, results = first_attempts(*a)
         results = [win(r) if i in (0, 4) else r for i, r in enumerate(results)]   # task 0's, task 1's first
         seen.update(samples=samples, results=results)
         return samples, results
@@ -192,13 +193,13 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
                 root = seen["roots"][parents[s["task_idx"]]][1]["completion"]
                 s["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
         return out
-    monkeypatch.setattr(rollouts, "rollout", rigged_rollout)
-    monkeypatch.setattr(rollouts, "repair_rollout", rigged_repairs)
+    monkeypatch.setattr(rollouts, "single_turn", rigged_attempts)
+    monkeypatch.setattr(rollouts, "sample_repairs", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
     monkeypatch.setattr(rollouts.engine, "sample_completions", resubmitting)
     try:
         stats = rl_metrics.new_stats(args)
-        groups = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, stats)
+        groups = rollouts.sample_round(ctx, ts, [0, 1, 2], 0, stats)
         repairs = seen["repairs"]
         assert stats["repair_roots"] == 2 and [s["task_idx"] for s in repairs] == [0] * 4 + [1] * 4
         for i in (0, 1):     # the root: the task's first attempt failing the hidden tests and a visible example
@@ -217,31 +218,31 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         assert stats["n_scored"] == 12 and stats["passes"] == 2 and stats["len_n"] == 12
         assert sum(v for k, v in stats.items() if k.startswith("outcome/")) == 12 and stats["repair_n"] == 8
         assert stats["repair_repeats"] == sum(s["repeat"] for s in repairs)
-        # --repeat-penalty: a repair that resubmits its root (up to trailing whitespace) is marked and
-        # counted; a group of failed repairs where one resubmits is signal, and the resubmission is
-        # ranked below the other failures (advantages -0.375 and +0.125)
-        seen["resubmit"], ctx.args.repeat_penalty = True, 0.5
+        # a repair that resubmits its root (up to trailing whitespace) is marked and counted in
+        # repair_repeat_rate; it scores as the failure it is, so a group of failed repairs has no signal
+        seen["resubmit"] = True
         resub = rl_metrics.new_stats(args)
-        penalised = rollouts.sample_groups(ctx, ts, [0, 1, 2], 0, resub)
+        failed = rollouts.sample_round(ctx, ts, [0, 1, 2], 0, resub)
         assert [s["repeat"] for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
         assert resub["repair_repeats"] == 2
         resub["lr"], resub["trained_seqs"], resub["grad_norm"], resub["moe"] = 0.0, 0, 0.0, {}   # no update
         rl_metrics.record(ctx, 0, resub, tqdm(disable=True))
         with open(ctx.metrics_path) as f:
             assert json.loads(f.read().splitlines()[-1])["repair_repeat_rate"] == 0.25
-        assert [len(g) for g in penalised] == [4] * 4
-        assert [[round(x["adv"], 3) for x in g] for g in penalised[1::2]] == [[0.125, -0.375, 0.125, 0.125]] * 2
-        seen["resubmit"], ctx.args.repeat_penalty = False, 0.0
-        train_rl.update_policy(ctx, groups, 0, stats)
-        assert stats["trained_seqs"] == 16 and stats["mismatch_e0"] / stats["tokens_e0"] < 1e-3
+        assert [len(g) for g in failed] == [4, 4] and not any(x.get("repair") for g in failed for x in g)
+        seen["resubmit"] = False
+        # rl_step trains on the groups the sampling half hands it, on-policy
+        with monkeypatch.context() as m:
+            m.setattr(rollouts, "sample_groups", lambda ctx, step, stats: groups)
+            s = train_rl.rl_step(ctx, 0)
+        assert s["trained_seqs"] == 16 and s["mismatch_e0"] / s["tokens_e0"] < 1e-3
         # a step needs 2 groups (--batch-tasks 2): its two tasks give four, two wait in the queue, and the
         # next step trains on those alone, sampling nothing
-        first = rl_metrics.new_stats(args)
-        assert len(rollouts.sample_batch(ctx, 0, first)) == 2 and len(ctx.state["queue"]) == 2
-        second = rl_metrics.new_stats(args)
-        batch = rollouts.sample_batch(ctx, 1, second)
-        assert len(batch) == 2 and second["rounds"] == 0 and second["n_scored"] == 0
-        train_rl.update_policy(ctx, batch, 1, second)
+        first = train_rl.rl_step(ctx, 0)
+        assert first["trained_seqs"] == 2 * 4 and len(ctx.state["queue"]) == 2
+        second = train_rl.rl_step(ctx, 1)
+        assert second["trained_seqs"] == 2 * 4 and second["rounds"] == 0 and second["n_scored"] == 0
+        assert ctx.state["queue"] == []
         rl_metrics.record(ctx, 1, second, tqdm(disable=True))    # no rates of a step that sampled nothing
         with open(ctx.metrics_path) as f:
             rec = json.loads(f.read().splitlines()[-1])

@@ -77,3 +77,38 @@ def test_parse_args_twice_on_one_parser():
     p = make_parser()
     assert common.parse_args(p, PRESETS, ["--preset", "smoke"]).steps == 3
     assert common.parse_args(p, PRESETS, ["--preset", "cpu", "--seed", "2"]).seed == 2
+
+
+def test_fit_micro_batch_keeps_the_global_batch_and_names_the_fix(capsys):
+    assert common.fit_micro_batch(131072, 1024, 1, 32, typed=False) == (32, 4)
+    assert common.fit_micro_batch(131072, 1024, 8, 32, typed=False) == (16, 1)   # the preset's shrinks
+    assert common.fit_micro_batch(131072, 1024, 16, 32, typed=False) == (8, 1)
+    assert common.fit_micro_batch(3 * 1024, 1024, 1, 2, typed=False) == (1, 3)   # the largest divisor
+    with pytest.raises(SystemExit):
+        common.fit_micro_batch(131072, 1024, 8, 32, typed=True)                # a typed one is kept or refused
+    assert "use --micro-batch 16" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        common.fit_micro_batch(1000, 1024, 8, 32, typed=False)
+    assert "use --batch-tokens 8192" in capsys.readouterr().err
+
+
+def test_device_table_takes_the_longest_name():
+    assert common.device_spec("NVIDIA H100 80GB HBM3")[:2] == ("H100", 989e12)
+    assert common.device_spec("NVIDIA H100 PCIe")[:2] == ("H100 PCIe", 756e12)
+    assert common.device_spec("NVIDIA GH200 480GB")[0] == "GH200"
+    assert common.device_spec("NVIDIA L40S")[0] == "L40S" and common.device_spec("NVIDIA L4")[0] == "L4"
+    assert common.device_spec("Tesla T4") is None
+    assert common.peak_flops(torch.device("cpu")) is None and common.peak_flops(torch.device("cpu"), 5.0) == 5.0
+
+
+def test_ddp_on_gpus_is_one_group_with_gloo_for_cpu_tensors(monkeypatch):
+    """Under torchrun on GPUs the statistics reduced as CPU tensors need gloo beside NCCL."""
+    seen = []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(common.dist, "init_process_group", lambda backend: seen.append(backend))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    assert common.setup_ddp("auto")[:3] == (0, 0, 2) and seen == ["cpu:gloo,cuda:nccl"]
+    assert common.setup_ddp("cpu")[3].type == "cpu" and seen[-1] == "gloo"

@@ -55,7 +55,7 @@ def test_causality(n_expert):
 def test_kv_cache_greedy_equals_full_forward(n_expert):
     model = tiny(n_expert=n_expert)
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [5, 3, 9]]   # incl. a duplicate
-    outs = model.generate(prompts, max_new_tokens=12, temperature=0)
+    outs = engine.generate(model, prompts, max_new_tokens=12, temperature=0)
     for p, o in zip(prompts, outs):
         assert o["tokens"] == greedy_by_full_forward(model, p, 12)
         logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
@@ -66,11 +66,11 @@ def test_kv_cache_greedy_equals_full_forward(n_expert):
 def test_stop_ids_retire_rows():
     model = tiny()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [2, 2]]
-    full = model.generate(prompts, max_new_tokens=12, temperature=0, return_routes=True)
+    full = engine.generate(model, prompts, max_new_tokens=12, temperature=0, return_routes=True)
     stop = {full[0]["tokens"][2], full[3]["tokens"][5]}
     batch_sizes = []                                     # rows fed to the LM head at each forward
     hook = model.lm_head.register_forward_hook(lambda mod, args, out: batch_sizes.append(args[0].size(0)))
-    cut = model.generate(prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
+    cut = engine.generate(model, prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
     hook.remove()
     assert batch_sizes[1] == 5 and batch_sizes[-1] < 5   # finished rows left the batch
     for f, c, p in zip(full, cut, prompts):
@@ -95,7 +95,7 @@ def test_grouped_dispatch_equals_loop_reference():
         MoE.dispatch = mode
         moe.zero_grad()
         xi = x.clone().requires_grad_()
-        y = moe(xi)
+        y, _ = moe(xi)
         (y * torch.linspace(-1, 1, 32)).sum().backward()
         results[mode] = [y.detach(), xi.grad] + [p.grad.clone() for p in moe.parameters()]
         counts = moe.stats["counts"]
@@ -123,7 +123,7 @@ def test_single_expert_equals_dense_mlp():
         moe.w1.copy_(mlp.w1.weight.T[None])
         moe.w2.copy_(mlp.w2.weight.T[None])
     x = torch.randn(2, 5, 32)
-    torch.testing.assert_close(moe(x), mlp(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(moe(x)[0], mlp(x), rtol=1e-5, atol=1e-6)
     # and n_expert=1 in the config builds a plain dense GPT: no router, loss == CE, equal active width
     dense = tiny(n_expert=1)
     assert dense.n_moe_layers == 0 and not any("router" in n for n, _ in dense.named_parameters())
@@ -196,8 +196,8 @@ def test_bias_update_moves_load_toward_balance():
     after = imbalance()
     assert after < before and after < 1.5, (before, after)
     # the bias changes the choice, never the gate values: replaying the same experts gives same outputs
-    routes = torch.stack([m.topi.view(4, 16, 2) for m in model.moe_layers()])
     model.eval()
+    routes = torch.stack([c.view(4, 16, 2) for c in model.trunk(idx, torch.arange(16)[None])[1]])
     ref, _ = model(idx, routes=routes)
     for m in model.moe_layers():
         m.bias.zero_()
@@ -243,7 +243,7 @@ def test_router_replay():
     model = tiny()
     g = torch.Generator().manual_seed(1)
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7]]
-    outs = model.generate(prompts, max_new_tokens=10, temperature=1.0, generator=g, return_routes=True)
+    outs = engine.generate(model, prompts, max_new_tokens=10, temperature=1.0, generator=g, return_routes=True)
     seqs = [p + o["tokens"][:-1] for p, o in zip(prompts, outs)]
     T = max(map(len, seqs))
     idx = torch.full((2, T), 60)
@@ -254,7 +254,7 @@ def test_router_replay():
         routes[:, i, :len(s)] = o["routes"]
     for i, s in enumerate(seqs):            # the recorded experts are the ones a full forward picks
         free, _ = model(torch.tensor([s]))
-        chosen = torch.stack([m.topi for m in model.moe_layers()])
+        chosen = torch.stack(model.trunk(torch.tensor([s]), torch.arange(len(s))[None])[1])
         assert torch.equal(chosen, routes[:, i, :len(s)])
         forced, _ = model(torch.tensor([s]), routes=routes[:, i:i + 1, :len(s)])
         assert torch.equal(forced, free)
@@ -310,7 +310,7 @@ def test_bf16_autocast_forward_backward(dispatch):
     assert router.grad is not None and torch.isfinite(router.grad).all() and router.grad.abs().sum() > 0
     assert all(p.grad is not None for p in model.parameters())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = model.generate([[1, 2, 3], [4]], max_new_tokens=4, temperature=0)
+        outs = engine.generate(model, [[1, 2, 3], [4]], max_new_tokens=4, temperature=0)
     assert [len(o["tokens"]) for o in outs] == [4, 4]
 
 
@@ -326,14 +326,14 @@ def test_save_load_round_trip(tmp_path):
     clone.load_state_dict(ck["model"])
     model.eval(), clone.eval()
     assert torch.equal(model(idx)[0], clone(idx)[0])
-    assert model.generate([[1, 2]], 5, temperature=0) == clone.generate([[1, 2]], 5, temperature=0)
+    assert engine.generate(model, [[1, 2]], 5, temperature=0) == engine.generate(clone, [[1, 2]], 5, temperature=0)
 
 
 def test_sampling_filters_and_logprobs():
     model = tiny()
     g = torch.Generator().manual_seed(0)
     prompts = [[5, 3, 9], [1, 2]] * 3
-    outs = model.generate(prompts, max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, generator=g)
+    outs = engine.generate(model, prompts, max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, generator=g)
     for p, o in zip(prompts, outs):
         logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
         lp = (logits[0, len(p) - 1:] / 0.7).log_softmax(-1)
@@ -341,7 +341,7 @@ def test_sampling_filters_and_logprobs():
         assert (lp.topk(5, -1).indices == toks[:, None]).any(-1).all()       # inside the top-5
         torch.testing.assert_close(torch.tensor(o["logprobs"]), lp.gather(-1, toks[:, None]).squeeze(1),
                                    rtol=0, atol=1e-4)                    # log-probs BEFORE filtering
-    assert M.sample(torch.tensor([[0.0, 5.0, 4.9, -9.0]]), 1.0, 0, 0.5)[0].item() == 1   # top-p keeps >= 1
+    assert engine.sample(torch.tensor([[0.0, 5.0, 4.9, -9.0]]), 1.0, 0, 0.5)[0].item() == 1   # top-p keeps >= 1
 
 
 def test_param_counts_flops_and_step0_loss():
@@ -400,13 +400,13 @@ def test_generate_takes_a_tensor_of_prompts():
     model = tiny()
     idx = torch.tensor([[5, 3, 9, 1], [1, 2, 3, 4]])
     g = torch.Generator()
-    a = model.generate(idx, 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
-    b = model.generate(idx.tolist(), 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    a = engine.generate(model, idx, 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    b = engine.generate(model, idx.tolist(), 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
     assert [o["tokens"] for o in a] == [o["tokens"] for o in b] and len(a[1]["tokens"]) == 6
     assert all(torch.equal(x["routes"], y["routes"]) for x, y in zip(a, b))
     for bad in (idx[0], idx.float(), [[1, "a"]], 7):
         with pytest.raises(ValueError, match="prompts must be a .B, T. integer tensor or a list of token-id lists"):
-            model.generate(bad, 2)
+            engine.generate(model, bad, 2)
 
 
 def test_decode_threads_changes_speed_not_samples(monkeypatch):
@@ -433,7 +433,7 @@ def test_sampled_distribution_matches_full_forward():
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     p, n, temp = [5, 3, 9, 1], 8000, 0.8
-    outs = model.generate([p] * n, 2, temperature=temp, stop_ids=[7], generator=torch.Generator().manual_seed(0))
+    outs = engine.generate(model, [p] * n, 2, temperature=temp, stop_ids=[7], generator=torch.Generator().manual_seed(0))
     first = torch.tensor([o["tokens"][0] for o in outs])
     t = int(torch.bincount(first).argmax())
     second = torch.tensor([o["tokens"][1] for o in outs if o["tokens"][0] == t and len(o["tokens"]) == 2])
@@ -451,21 +451,21 @@ def test_generate_continues_a_past_like_the_full_prompt():
     model = tiny()
     g = torch.Generator().manual_seed(3)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3   # 12 rows: a finished row
-    first = model.generate(prompts, 6, temperature=1.0, stop_ids=[5, 17, 23, 40], generator=g,   # lingers
+    first = engine.generate(model, prompts, 6, temperature=1.0, stop_ids=[5, 17, 23, 40], generator=g,   # lingers
                            return_past=True)                    # until 1/8 are done, writing junk
     assert {len(o["tokens"]) for o in first} != {6}            # some rows stopped early
     feeds = [[30, 31], [32, 33, 34, 35], [36], [37, 38, 39]] * 3
-    cont = model.generate(feeds, 5, temperature=0, past=[o["past"] for o in first], return_routes=True)
+    cont = engine.generate(model, feeds, 5, temperature=0, past=[o["past"] for o in first], return_routes=True)
     for p, o, f, c in zip(prompts, first, feeds, cont):
         assert o["past"].size(3) == len(p) + len(o["tokens"]) - 1
         whole = p + o["tokens"][:-1] + f
-        ref = model.generate([whole], 5, temperature=0, return_routes=True)[0]
+        ref = engine.generate(model, [whole], 5, temperature=0, return_routes=True)[0]
         assert c["tokens"] == ref["tokens"] == greedy_by_full_forward(model, whole, 5)
         assert torch.allclose(torch.tensor(c["logprobs"]), torch.tensor(ref["logprobs"]), atol=1e-5)
         assert torch.equal(c["routes"], ref["routes"][:, -c["routes"].size(1):])
     # a third turn continues the second's past the same way
-    again = model.generate([[41, 42]] * len(prompts), 4, temperature=0,
-                           past=[model.generate(f, 5, temperature=0, past=[o["past"]], return_past=True)[0]["past"]
+    again = engine.generate(model, [[41, 42]] * len(prompts), 4, temperature=0,
+                           past=[engine.generate(model, f, 5, temperature=0, past=[o["past"]], return_past=True)[0]["past"]
                                  for f, o in zip(([f] for f in feeds), first)])
     for p, o, f, c, a in zip(prompts, first, feeds, cont, again):
         whole = p + o["tokens"][:-1] + f + c["tokens"][:-1] + [41, 42]
@@ -503,7 +503,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
                 q.mul_(1.3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile (not eager)
     # a multi-turn continuation (engine.run_episodes): each row's cache starts from its past
-    first = model.generate(prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
+    first = engine.generate(model, prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
     for on in (False, True):
         monkeypatch.setattr(engine, "COMPILE", on)

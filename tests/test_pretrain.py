@@ -25,7 +25,10 @@ STEPS = 16                               # the smoke preset's --max-steps
 def run(out_dir, cache, *flags, ddp=False, expect=0, timeout=150):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ddp \
         else [sys.executable]
-    cmd = launcher + [SCRIPT, "--preset", "smoke", "--out-dir", str(out_dir), "--cache-dir", str(cache), *flags]
+    # --device cpu: on a machine with GPUs too, the runs compare gloo on CPU (two processes could not
+    # share one GPU, and one process on a GPU would not match them to 1e-5)
+    cmd = launcher + [SCRIPT, "--preset", "smoke", "--out-dir", str(out_dir), "--cache-dir", str(cache),
+                      "--device", "cpu", *flags]
     # one thread per process: the model is tiny, and 2 cores are shared with the rest of the suite
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -82,7 +85,8 @@ def test_resume_is_exact_and_keeps_the_runs_arguments(tmp_path, cache):
     half = STEPS // 2
     s1, _ = run(cut, cache, "--lr", "2e-3", "--stop-at-step", str(half))
     assert s1["steps"] == half and torch.load(cut / "ckpt.pt", weights_only=False)["step"] == half
-    s2, _ = run(cut, cache, "--resume")     # no --lr: the checkpoint's 2e-3 wins over the preset's
+    s2, p = run(cut, cache, "--resume")     # no --lr: the checkpoint's 2e-3 wins over the preset's
+    assert "data: prepared before, reused" in p.stderr    # no second preparation of the same data
     assert s2["steps"] == STEPS
     a, b = losses(straight), losses(cut)
     assert len(b) == STEPS and max(abs(x - y) for x, y in zip(a, b)) <= 1e-6, (a, b)

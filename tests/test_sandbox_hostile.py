@@ -383,18 +383,26 @@ def test_nothing_left_on_disk():
         pool.run_batch([io_task()] * 2, ["    open('leftover', 'w').write('x')\n    return x + 1\n",
                                          FORCE_SANDBOX_ERROR["deep_tree"]])
         pid = pool._procs[0].pid
-        base = f"/proc/{pid}/root/tmp/sandbox-{pid}" if pool.isolation["private_tmp"] else None
+        host_base = pool._procs[0].info["base"]
+        base = f"/proc/{pid}/root{host_base}" if pool.isolation["private_tmp"] else None
         if base is None:
-            pytest.skip("no private tmp: per-run directories are removed, not unmounted")
+            pytest.skip("no private tmpfs: per-run directories are removed, not unmounted")
         left = [(root, dirs, files) for root, dirs, files in os.walk(base)]
+        assert os.listdir(host_base) == []           # the tmpfs is in the worker's mount table only
     assert left == [(base, ["judge"], []), (base + "/judge", [], [])], left[:3]
+    assert not os.path.exists(host_base)
 
-def test_killed_worker_leaves_nothing():
+@pytest.mark.parametrize("namespaces", [True, False], ids=["pidns", "namespaces_forbidden"])
+def test_killed_worker_leaves_nothing(monkeypatch, namespaces):
+    # without a PID namespace (a container that forbids them) the pool kills by the worker's uids
+    monkeypatch.setattr(env.SandboxPool, "_namespaces", namespaces)
+    monkeypatch.setattr(env, "_warned", True)
     with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+        assert pool.isolation["pidns"] == (namespaces and os.geteuid() == 0)
         uids = set(pool.sandbox_uids)
         fut = pool.submit_batch([io_task()], ["    import time\n    time.sleep(100)\n"])
         time.sleep(1.5)                              # the candidate is asleep now
-        pool._procs[0].kill()                        # the OOM killer, a bug...
+        os.killpg(pool._procs[0].pid, 9)             # the OOM killer, a bug... (worker and zygote)
         assert fut.result(timeout=60)[0].reward == 0.0
         deadline = time.time() + 3
         while time.time() < deadline and [p for p in _procs() if p[2] in uids]:
@@ -422,22 +430,69 @@ def test_fallback_without_root(monkeypatch, tmp_path):
     os.rmdir(tmp_path)
 
 
-def test_pool_runs_from_a_checkout_under_tmp(tmp_path):
-    # The worker mounts a private /tmp: a checkout living under /tmp (a CI clone, this copy) used to
-    # vanish before the zygote was exec'd from it ("can't open file", every run a sandbox_error).
+def _checkout_under_tmp():
+    """A copy of the checkout and a virtual environment (this interpreter, --system-site-packages)
+    under /tmp itself, where CI and containers put them (not pytest's tmp_path: TMPDIR may be
+    elsewhere)."""
     import shutil
     import subprocess
     import sys
+    top = tempfile.mkdtemp(dir="/tmp", prefix="sandbox-tmp-checkout-")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for name in os.listdir(root):                 # every module, so a split file cannot go missing
         if name.endswith(".py"):
-            shutil.copy(os.path.join(root, name), tmp_path / name)
+            shutil.copy(os.path.join(root, name), os.path.join(top, name))
         elif name in ("data", "infra", "rl"):
-            shutil.copytree(os.path.join(root, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import env\nfrom data import tasks\n"
+            shutil.copytree(os.path.join(root, name), os.path.join(top, name),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    os.path.join(top, "venv")], check=True, timeout=120)
+    return top, os.path.join(top, "venv", "bin", "python")
+
+_TMP_RUN = ("import env, warnings\nfrom data import tasks\nwarnings.simplefilter('ignore')\n"
+            "env.SandboxPool._namespaces = {ns}\n"
             "t = tasks.Task('t', 'def f(x):\\n', 'f', inputs=[[1]], outputs=[2])\n"
             "with env.SandboxPool(workers=1, timeout_s=2.0) as pool:\n"
+            "    print(pool.isolation['chroot'], pool.isolation['netns'], pool.isolation['base'])\n"
             "    print([r.outcome for r in pool.run_batch([t, t], ['    return x + 1\\n', '    return x\\n'])])\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip().splitlines()[-1] == "['pass', 'wrong_answer']", p.stdout + p.stderr[-2000:]
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "namespaces_forbidden"])
+def test_pool_runs_from_a_venv_and_checkout_under_tmp(namespaces):
+    # The worker used to mount a private /tmp over the host's and then exec the zygote: an
+    # interpreter (a venv), or a checkout, under /tmp was gone by then ("zygote died", no hint why).
+    # Now its private tmpfs covers its own directory only. The same with namespaces forbidden
+    # (a container without CAP_SYS_ADMIN): no mounts at all, the same scores.
+    import shutil
+    import subprocess
+    top, python = _checkout_under_tmp()
+    try:
+        p = subprocess.run([python, "-c", _TMP_RUN.format(ns=namespaces)], cwd=top, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        iso, outcomes = p.stdout.strip().splitlines()[-2:]
+        assert outcomes == "['pass', 'wrong_answer']", p.stdout + p.stderr[-2000:]
+        chroot, netns, base = iso.split()
+        if os.geteuid() == 0:                     # as root: chroot either way, a netns only if allowed
+            assert (chroot, netns) == ("True", str(namespaces)), iso
+        assert not os.path.exists(base), "the worker's directory outlived the pool"
+    finally:
+        shutil.rmtree(top)
+
+def test_zygote_exec_failure_says_why():
+    """A zygote that cannot start is a one-line error naming the interpreter, not a bare EOF."""
+    import subprocess
+    import sys
+    code = ("import sys\nsys.path.insert(0, 'infra')\nimport sandbox_worker as w\nsys.executable = '/nonexistent/python'\n"
+            "cfg = dict(timeout=1, memory_mb=64, file_mb=1, output_bytes=1024, result_bytes=1024, tmpfs_mb=64,\n"
+            "           uid_base=1000000, preload=[], tmpdir=sys.argv[1], fallback=True)\n"
+            "w.Supervisor(cfg)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tmp = tempfile.mkdtemp()
+    try:
+        p = subprocess.run([sys.executable, "-c", code, tmp], cwd=root, capture_output=True, text=True, timeout=60)
+    finally:
+        import shutil
+        shutil.rmtree(tmp)
+    assert p.returncode != 0
+    assert "cannot execute /nonexistent/python" in p.stderr, p.stderr[-2000:]
+    assert "zygote died at start (exit status 127; /nonexistent/python)" in p.stderr, p.stderr[-2000:]

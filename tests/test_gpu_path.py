@@ -1,0 +1,62 @@
+"""The path users run on GPUs, checked on any machine: the --dry-run plans of both trainers for 1, 2,
+4 and 8 processes (and the refusals of impossible ones), and `bench.py gpu-check` in its reduced CPU
+form (slow). On a GPU machine `python bench.py gpu-check` is the full check (docs/gpu.md)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEYS = ("tokens_per_step", "micro_batch", "grad_accum", "params_total", "params_active", "est_gpu_mem_gb",
+        "est_run_min")
+
+
+def dry_run(script, *flags):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, script), "--preset", "gpu", "--dry-run", *flags],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return p, (json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None)
+
+
+@pytest.mark.slow                      # 8 interpreters with torch: ~1 min on a busy 2-core machine
+@pytest.mark.parametrize("script", ["train_pretrain.py", "train_rl.py"])
+def test_dry_run_plans_for_1_2_4_8_processes(script):
+    plans = {}
+    for world in (1, 2, 4, 8):
+        p, plan = dry_run(script, "--world-size", str(world), "--plan-device", "H100")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert all(k in plan for k in KEYS) and plan["world_size"] == world, plan
+        assert plan["device_type"] == "H100" and "estimates" in p.stderr
+        plans[world] = plan
+    one = plans[1]
+    assert 0 < one["params_active"] < one["params_total"] and 0 < one["est_gpu_mem_gb"] < 80
+    for world, plan in plans.items():   # the global batch is the run's definition; the time divides
+        assert plan["tokens_per_step"] == one["tokens_per_step"]
+        assert plan["est_run_min"] == pytest.approx(one["est_run_min"] / world, rel=0.05) or plan.get("max_minutes")
+    if script == "train_pretrain.py":   # processes * micro-batch * accumulation * seq-len = the batch
+        for world, plan in plans.items():
+            assert world * plan["micro_batch"] * plan["grad_accum"] * plan["seq_len"] == plan["tokens_per_step"]
+
+
+@pytest.mark.parametrize("script, flags, fix", [
+    ("train_pretrain.py", ["--world-size", "8", "--micro-batch", "32"], "use --micro-batch 16"),
+    ("train_pretrain.py", ["--world-size", "3"], "use --batch-tokens"),
+    ("train_pretrain.py", ["--plan-device", "L4", "--micro-batch", "128"], "use a smaller --micro-batch"),
+    ("train_rl.py", ["--world-size", "3"], "use --batch-tasks 63"),
+    ("train_pretrain.py", ["--plan-device", "Z80"], "name one of them"),
+])
+def test_impossible_plans_are_refused_with_the_fix(script, flags, fix):
+    p, _ = dry_run(script, *flags)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and fix in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_reduced_on_cpu(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "gpu-check", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["reduced"] is True and r["ok"] is True, r
+    for stage in ("kernels", "collectives", "pretrain", "generate", "rl"):
+        assert r[stage]["ok"] and r[stage]["s"] > 0, (stage, r[stage])
