@@ -93,6 +93,7 @@ def test_resume_is_exact_and_keeps_the_runs_arguments(tmp_path, cache):
     assert s2["val_loss"] == pytest.approx(s0["val_loss"], abs=1e-6)
 
 
+@pytest.mark.slow   # DDP: two processes
 def test_ddp_two_processes_match_one(smoke, tmp_path, cache):
     out, s, _ = smoke
     s2, _ = run(tmp_path, cache, ddp=True, timeout=240)

@@ -501,6 +501,7 @@ def test_kl_coef_folds_the_reference_kl_into_the_reward(tiny_ckpt, tmp_path, mon
         assert r["reward"] == pytest.approx(r["pass_rate"] - 0.5 * r["kl_ref"], abs=1e-9)
 
 
+@pytest.mark.slow   # DDP: two processes
 @pytest.mark.parametrize("balance", ["bias", "aux"])
 def test_ddp_two_processes_equal_one(balance, tiny_ckpt, tiny_aux_ckpt, tmp_path):
     # aux: the MoE aux loss scaled up until it is most of the gradient; its term used to be per rank,
@@ -525,6 +526,7 @@ def test_ddp_two_processes_equal_one(balance, tiny_ckpt, tiny_aux_ckpt, tmp_path
     assert torch.load(os.path.join(two, "ckpt.pt"), weights_only=False)["stream_pos"] == [4, 4]
 
 
+@pytest.mark.slow   # DDP: two processes
 def test_ddp_ppo_epochs_with_an_idle_rank_and_aux_loss(tiny_aux_ckpt, tmp_path):
     # 8 new tokens, and a seed whose first step keeps exactly one of its two groups (found below with
     # one process, since which group has signal depends on the task stream): under 2 processes one
@@ -582,6 +584,7 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
     assert "tokenizer has" in err and "model only 100" in err
 
 
+@pytest.mark.slow   # DDP: two processes
 def test_ddp_held_out_eval_when_ranks_hold_different_slices(tiny_ckpt, tmp_path):
     # Two test tasks of different slices, one per rank: each rank's held-out sums have only one
     # slice's keys. The ranks used to all-reduce vectors built from their own key lists (a length
