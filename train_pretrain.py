@@ -5,7 +5,7 @@ into better RL, so this stage must be efficient and its loss trustworthy.
 
     python train_pretrain.py --preset smoke --out-dir runs/pt-smoke          # < 1 min on 2 cores
     python train_pretrain.py --preset cpu                                     # ~9-21 min on 2 cores
-    OMP_NUM_THREADS=1 python train_pretrain.py --preset cpu     # on a busy CPU: 7x faster than 2 threads there
+    OMP_NUM_THREADS=1 python train_pretrain.py --preset cpu     # when other processes share the cores
     python train_pretrain.py --preset gpu                                     # one GPU, ~1 hour
     python -m torch.distributed.run --nproc_per_node 8 train_pretrain.py --preset gpu   # one node
     python -m torch.distributed.run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 \
@@ -59,17 +59,17 @@ PRESETS = {
                   top_k=2, n_shared_expert=1, expert_hidden=64, n_dense_layers=1, balance="bias",
                   seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
                   log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
-    # cpu: 4.9M tokens, ~9-21 min on a 2-core VM. Sized for the RL after it, not for its own loss:
-    # from 900 steps, RL's gain on novel held-out tasks was about 0.6x as large (README, Results).
+    # cpu: 4.9M tokens on 2 cores. Sized for the RL after it, not for its own loss: a longer pretraining
+    # left RL more to build on (Finding 1; docs/results.md).
     "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0, holdout_n=1000,
                 mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8,
                 top_k=2, n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias",
                 seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=1200, warmup_steps=50, lr=3e-3,
                 log_every=10, eval_every=300, val_tokens=32768, sample_every=300, sample_tokens=96,
                 ckpt_every=300),
-    # gpu: ~74M active / 256M total, ~650M tokens; on one H100 (~15-30% MFU) ~25-45 min of steps
-    # plus data prep and evals. The built-in corpus is small (stdlib ~3.5M tokens, repeated), so
-    # the generated tasks carry most of it; add --data for real code.
+    # gpu: ~74M active / 256M total, ~650M tokens (`--dry-run` gives the plan and its time estimate).
+    # The built-in corpus is small (stdlib ~3.5M tokens, repeated), so the generated tasks carry most
+    # of it; add --data for real code.
     "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.0,
                 holdout_n=1000,
                 mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
