@@ -14,13 +14,15 @@ engine.sample_completions -> env.extract_completion -> env.SandboxPool).
   feedback (docs/episodes.md): --turns 3 (episodes), --repair-groups (single-turn groups + repairs of a failure)
 
 One step is rl_step(ctx, step), in this order:
-  sample     rl/rollouts.py sample_groups: the next tasks of the train stream (never revisited: one
-             epoch), G completions each through the rollout function setup chose (single_turn,
-             episodes or repair_groups), scored in env.SandboxPool
+  sample     ctx.rollout, the rollout function setup chose (rl/rollouts.py single_turn, episodes or
+             repair_groups): G completions for each of the train stream's next tasks
+             (rollouts.draw_tasks; never revisited: one epoch), scored in env.SandboxPool
   reward     rollouts.rewards: correctness, minus the length cost and the k1 KL when they are on
   advantage  rl/algo.py group_advantages: reward - group mean (Dr. GRPO); groups whose correctness
-             does not vary are replaced by fresh tasks (DAPO's dynamic sampling)
-  loss       micro_batch_loss: token_logprobs with router replay -> ppo_token_loss x token_weights
+             does not vary are replaced by fresh tasks, sampled in another round (DAPO's dynamic
+             sampling; rollouts.signal_groups keeps the others)
+  loss       micro_batch_loss over the micro-batches (training_batches): token_logprobs with router
+             replay -> ppo_token_loss x token_weights, backward
   step       optimizer.step(), then model.after_optimizer_step() (the MoE's aux-free routing bias)
 main() loops it, then scores a canary task (score_canary), records the step (rl/metrics.py),
 evaluates on held-out tasks (held_out) and checkpoints. Artefacts in --out-dir: ckpt.pt (model,
@@ -32,7 +34,7 @@ import argparse
 import math
 import os
 import time
-from collections import Counter
+from collections import Counter, namedtuple
 from types import SimpleNamespace
 
 # Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning, so the sandbox workers
@@ -45,21 +47,17 @@ from tqdm import tqdm
 from infra import common
 from infra import engine
 import env
-from rl.algo import batch_tensors, pass_sums, micro_batches, ppo_token_loss, token_logprobs, token_weights
+from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss, token_logprobs,
+                     token_weights)
 import eval as evaluation
 from rl.metrics import new_stats, record, summarize_run
 from rl import rollouts
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
-# Presets: defaults only, any flag wins. smoke: seconds, for tests. cpu: from the cpu pretraining
-# checkpoint on 2 cores, stopped by its clock (--max-minutes). Its train mix lists level 1 (one-step
-# programs) once and levels 2-3 twice: one-step tasks move the near slice, two-step ones the novel
-# slice, and longer programs give groups without a pass (no gradient). The held-out eval is on levels
-# 1-2, where both slices are measurable at this size. Dynamic sampling refills groups that all pass or
-# all fail, and the prefilter keeps the third of the drawn tasks likeliest to give a mixed group (fewer
-# rounds per step, more steps in the clock). gen_batch = the whole batch: on 2 cores, sandboxing part
-# of a batch while generating the next only slows generation (`python bench.py rl`). How each choice
-# was measured: docs/results.md (RL: the cpu preset) and docs/notes.md (single-turn RL recipes).
+# Presets: defaults only, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
+# why its train mix, held-out levels and prefilter: docs/results.md (RL: the cpu preset), docs/notes.md.
+# Its gen_batch = B x G: one generate() call per round, so sandboxing never overlaps generation (on 2
+# cores the overlap only slowed generation: docs/benchmarks.md, `python bench.py rl`).
 PRESETS = {
     "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
                   warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
@@ -84,15 +82,17 @@ p = argparse.ArgumentParser(prog="train_rl.py", description=__doc__.split("\n\n"
 g = p.add_argument_group("run")
 g.add_argument("--init-from", default=None, help="checkpoint to start from (train_pretrain.py's ckpt.pt)")
 g.add_argument("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt")
-g.add_argument("--steps", type=int, help="optimizer steps (one batch of tasks each, per PPO epoch)")
+g.add_argument("--steps", type=int, help="RL steps (one batch of tasks each)")
 g.add_argument("--max-minutes", type=float, default=0.0, help="stop (eval, checkpoint) after this wall time; 0 = off")
 g = p.add_argument_group("rollouts")
 g.add_argument("--batch-tasks", type=int, help="tasks per step, GLOBAL (split across ranks)")
 g.add_argument("--group-size", type=int, help="completions per task (fixed group size, G)")
 g.add_argument("--temperature", type=float, help="sampling temperature of the rollouts")
-g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the rollouts (1 = off; <1 biases the ratio)")
+g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the rollouts (1 = off; <1: the sampler is "
+                                                         "no longer the policy, so the PPO ratio is not 1)")
 g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
-g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is generated")
+g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is "
+                                             "generated (no overlap when one call holds a round, as in the cpu preset)")
 g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
                help="decode steps through torch.compile (engine.COMPILE; CPU-tested). Off in every preset: "
                     "see docs/notes.md (compiled decode)")
@@ -100,8 +100,9 @@ g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
                     "RNG per task (seed, stream index), so samples do not depend on the rank layout")
 g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level "
-                                      "listed twice is drawn twice as often (before rejections of degenerate "
-                                      "programs, which redraw the level), e.g. 1,2-3,2-3")
+                                      "listed twice is drawn twice as often, e.g. 1,2-3,2-3 (the odds of one "
+                                      "draw: a rejected program draws its level anew, so levels rejected more "
+                                      "often are rarer among the tasks)")
 g.add_argument("--turns", type=int, default=1, help="attempts per episode: after a failed visible example the model "
                                                      "reads the feedback and tries again (agent.py); 1 = single-shot")
 g.add_argument("--repair-groups", action="store_true",
@@ -116,8 +117,9 @@ g.add_argument("--len-k", type=float, default=0.01, help="k of C(x) = ((1+kx)^(1
 g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 logarithmic)")
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
-g.add_argument("--canary-every", type=int, help="mix a canary task (any pass = reward hack) into the batch "
-                                                "every N steps; scored and logged, never trained on; 0 = off")
+g.add_argument("--canary-every", type=int, help="every N steps, after the step, sample a group for a canary task "
+                                                "(any pass = reward hack) with the updated policy; scored and "
+                                                "logged, never trained on; 0 = off")
 g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: this machine's cores / local ranks)")
 g.add_argument("--sandbox-timeout", type=float, default=2.0, help="seconds per program")
 g = p.add_argument_group("advantage and loss")
@@ -127,8 +129,9 @@ g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction,
                     "each round samples a full --gen-batch, surplus groups wait one step in a queue")
 g.add_argument("--ds-max-tries", type=int, default=3, help="extra sampling rounds per step for --dynamic-sampling")
 g.add_argument("--prefilter", type=int, default=1, help="online difficulty filtering: draw K x the tasks a round "
-                                                        "needs and keep those the policy's probability of the "
-                                                        "reference solution predicts a mixed group for; 1 = off")
+                                                        "needs and keep the 1/K likeliest to give a mixed group "
+                                                        "(predicted from the policy's probability of the reference "
+                                                        "solution); 1 = off")
 g.add_argument("--eps-low", type=float, default=0.2, help="PPO clip below: ratio >= 1 - eps_low")
 g.add_argument("--eps-high", type=float, default=0.28, help="PPO clip above: ratio <= 1 + eps_high (clip-higher, "
                                                             "DAPO); only binds with --ppo-epochs > 1 or queued groups")
@@ -139,8 +142,9 @@ g.add_argument("--micro-batch", type=int, help="sequences per training forward (
 g.add_argument("--pack-prompts", action=argparse.BooleanOptionalAction, default=True,
                help="training forward feeds each group's prompt once, not once per sample (rl/algo.py pack_groups: "
                     "the same logits and gradients, float rounding apart); single-turn only")
-g.add_argument("--no-router-replay", dest="router_replay", action="store_false",
-               help="train on the router's own choices instead of the experts recorded at generation")
+g.add_argument("--router-replay", action=argparse.BooleanOptionalAction, default=True,
+               help="train on the experts the sampler used, recorded at generation (Composer 2's router replay; "
+                    "--no-router-replay: on the router's own choices)")
 g.add_argument("--moe-aux-scale", type=float, default=0.0, help="x the model's own MoE aux-loss coefficients "
                                                                 "(balance=aux models); 0 = pure policy gradient")
 g = p.add_argument_group("optimiser")
@@ -179,7 +183,7 @@ def main(argv=None):
     pbar = tqdm(range(state["step"], args.steps), disable=not ctx.master, initial=state["step"],
                 total=args.steps, desc="rl", dynamic_ncols=True)
     for step in pbar:
-        stats = rl_step(ctx, step)          # sample -> reward -> advantages -> loss -> optimizer step
+        stats = rl_step(ctx, step)          # sample -> reward -> advantage -> loss -> step
         score_canary(ctx, step, stats)      # the reward-hack probe, scored after, never trained on
         record(ctx, step, stats, pbar)
         state["step"] = done = step + 1
@@ -208,76 +212,96 @@ def main(argv=None):
 # One RL step
 
 def rl_step(ctx, step):
-    """One optimizer step of group-relative RL (the cpu and gpu presets: Dr. GRPO advantages, DAPO's
-    dynamic sampling and clip-higher, router replay). Returns the step's statistics (rl/metrics.py
-    new_stats; the loop records them). Every rank takes part, with or without groups of its own."""
+    """One optimizer step of group-relative RL, sample -> reward -> advantage -> loss -> step (Dr.
+    GRPO advantages, DAPO's dynamic sampling and clip-higher, router replay). Returns the step's
+    statistics (rl/metrics.py new_stats). Every rank takes part, with or without groups of its own."""
     args, model, optimizer = ctx.args, ctx.model, ctx.optimizer
     stats = new_stats(args)
+    # This rank's --batch-tasks / W groups with signal: first the groups the last step left over
+    # (sampled before its update, the PPO ratio corrects for that; trained on once, else dropped),
+    # then a round of fresh tasks; with DAPO's dynamic sampling, up to --ds-max-tries more rounds.
+    groups, ctx.state["queue"] = ctx.state["queue"][:ctx.per_rank], []
+    stats["queued_groups"] += len(groups)
+    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
+        need = ctx.per_rank - len(groups)
+        if need <= 0:
+            break
+        tasks, keys = rollouts.draw_tasks(ctx, need, stats)     # the train stream's next tasks
+        # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
+        # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
+        samples, results = ctx.rollout(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
+        scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
+        # reward: correctness, minus the length cost and the k1 KL when they are on
+        correct, reward = rollouts.rewards(ctx, scored, stats)
+        # advantage: reward - group mean (Dr. GRPO); group 2i: task i, 2i + 1: repairs of one of its
+        # failed attempts. A group is kept if its CORRECTNESS varies (DAPO): a length cost or KL makes
+        # almost every shaped reward differ, and all-pass / all-fail groups would train on that noise.
+        ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
+        adv, keep = group_advantages(reward, ids, std=args.adv_std,
+                                     signal_from=correct if args.dynamic_sampling else None)
+        rollouts.tally_samples(tasks, samples, results, ids, keep, stats)
+        fresh = rollouts.signal_groups(scored, ids, adv, keep)
+        groups += fresh[:need]
+        ctx.state["queue"] = fresh[need:ctx.per_rank + need]     # the surplus (repair groups: two a task)
+        stats["rounds"] += 1
 
-    # 1-3. sample, reward, advantages: this rank's groups with signal, each sample carrying its "adv"
-    # (rl/rollouts.py: ctx.rollout -> SandboxPool rewards -> group_advantages, DAPO refills)
-    groups = rollouts.sample_groups(ctx, step, stats)
-
-    # The training batch: micro-batches of whole groups, each group's prompt fed once if packed.
     t0 = time.time()
-    parts = micro_batches(groups, args.micro_batch, ctx.pack)
-    mbs = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
-           for mb in parts]
-    advs = [[s["adv"] for s in mb] for mb in parts]
-    n_seqs, n_tokens, n_positions, n_mb = global_counts(ctx, mbs)
-    # Dr. GRPO's constant: the sequences the step SAMPLED (B * G, fixed), times the generation budget.
-    norm = (args.batch_tasks * args.group_size if args.loss_norm == "constant" else n_seqs, n_tokens, n_positions)
-    stats["lr"] = lr_at(step, args)
-    for group in optimizer.param_groups:
-        group["lr"] = stats["lr"]
-    stats["trained_seqs"] = n_seqs
+    batches, advs, counts = training_batches(ctx, groups)     # micro-batches; counts over all ranks
+    stats["lr"], stats["trained_seqs"] = lr_at(step, args), counts.n_seqs
+    for pg in optimizer.param_groups:
+        pg["lr"] = stats["lr"]
     model.train()
-
-    # 4-5. loss and optimizer step, --ppo-epochs times (1 = on-policy: the ratio is 1 and the clip
-    # never binds, except on queued groups)
-    for epoch in range(args.ppo_epochs if n_seqs else 0):
+    for epoch in range(args.ppo_epochs if counts.n_seqs else 0):   # 1 = on-policy: the ratio is 1
         optimizer.zero_grad(set_to_none=True)
-        for i in range(n_mb):       # every rank runs as many forwards (None: a padding forward)
-            micro_batch_loss(ctx, *((mbs[i], advs[i]) if i < len(mbs) else (None, None)), norm, stats, epoch)
+        # loss: forward + backward per micro-batch, the gradients summed; every rank runs as many
+        # forwards (padding_batch where it has fewer micro-batches than another)
+        for i in range(counts.n_forwards):
+            if i < len(batches):
+                micro_batch_loss(ctx, batches[i], advs[i], counts, stats, epoch)
+            else:
+                micro_batch_loss(ctx, padding_batch(ctx), [0.0], counts, stats, epoch)
         if ctx.ddp:
             all_reduce_grads(ctx.params)
+        # step: clip the global gradient norm, AdamW, then the MoE's aux-free bias from the replayed loads
         gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))
         stats["grad_norm"] += gnorm.item() / args.ppo_epochs
         optimizer.step()
-        model.after_optimizer_step()     # aux-free bias update from the (replayed) global-batch loads
-    stats["moe"] = model.moe_metrics() if model.n_moe_layers and n_seqs else {}
+        model.after_optimizer_step()
+    stats["moe"] = model.moe_metrics() if model.n_moe_layers and counts.n_seqs else {}
     stats["train_s"] += time.time() - t0
     return stats
 
 
-def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
+def training_batches(ctx, groups):
+    """The step's groups -> (micro-batches as batch_tensors, their samples' advantages, global_counts).
+    A micro-batch holds whole groups, each group's prompt fed once when packed (rl/algo.py
+    micro_batches, pack_groups)."""
+    model = ctx.model
+    parts = micro_batches(groups, ctx.args.micro_batch, ctx.pack)
+    batches = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
+               for mb in parts]
+    return batches, [[s["adv"] for s in mb] for mb in parts], global_counts(ctx, batches)
+
+
+def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     """The loss of one micro-batch, forward + backward: the policy's log-probs of the sampled tokens on
     the experts the sampler chose (token_logprobs with router replay), the PPO-clipped surrogate per
-    token (ppo_token_loss), summed with the --loss-norm weights (token_weights). `mb` its
-    batch_tensors, `adv` its samples' advantages, `norm` = global (n_seqs for the loss norm,
-    completion tokens, positions).
-    mb None (this rank has fewer micro-batches than another) runs a one-row forward at weight zero
-    whose tokens are all padding (collate's layout, packed or not): with balance="aux" the MoE
-    all-reduces expert loads inside every training forward, so all ranks must run the same number."""
+    token (ppo_token_loss), summed with the --loss-norm weights (token_weights). `batch` its
+    batch_tensors, `adv` its samples' advantages, `counts` the step's global_counts."""
     args, model, dev = ctx.args, ctx.model, ctx.device
-    dummy = mb is None
-    if dummy:
-        eot = ctx.tok.eot_id
-        routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
-        mb, adv = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
-                                ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False), [0.0]
-    idx, tgt, old, routes, valid, layout = mb
-    idx, tgt, old, valid = idx.to(dev), tgt.to(dev), old.to(dev), valid.to(dev) & (not dummy)   # dummy: all pads
-    layout = {k: x.to(dev) for k, x in layout.items()}
+    tgt, old, valid = batch.tgt.to(dev), batch.old.to(dev), batch.valid.to(dev)
+    layout = {k: x.to(dev) for k, x in batch.layout.items()}
     adv = torch.tensor(adv, dtype=torch.float32, device=dev)
-    mask = (tgt >= 0).float() * (0.0 if dummy else 1.0)
+    mask = (tgt >= 0).float()
     with common.autocast(dev):
-        logp, entropy = token_logprobs(model, idx, tgt, routes.to(dev) if ctx.replay else None,
+        logp, entropy = token_logprobs(model, batch.idx.to(dev), tgt, batch.routes.to(dev) if ctx.replay else None,
                                        args.temperature, valid, **layout)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
-    # the constant stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a
-    # three-turn run, so turns are not confounded with a smaller learning rate
-    w = token_weights(mask, args.loss_norm, args.max_new_tokens, norm[0], norm[1])
+    # Dr. GRPO's constant: the sequences the step SAMPLED (B x G, fixed), times the generation budget;
+    # that stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a three-turn
+    # run, so turns are not confounded with a smaller learning rate
+    n_seqs = args.batch_tasks * args.group_size if args.loss_norm == "constant" else counts.n_seqs
+    w = token_weights(mask, args.loss_norm, args.max_new_tokens, n_seqs, counts.n_tokens)
     loss = (tok_loss * w).sum()
     # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
     # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
@@ -285,7 +309,7 @@ def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
     # Each micro-batch's term weighs by its share of the GLOBAL positions: gradients are summed over
     # micro-batches and ranks, so the total is one token-weighted mean, whatever the number of ranks.
     if args.moe_aux_scale and model.config.balance == "aux":
-        share = valid.sum().item() / max(norm[2], 1)
+        share = valid.sum().item() / max(counts.n_positions, 1)
         loss = loss + args.moe_aux_scale * share * sum(m.aux for m in model.moe_layers())
     loss.backward()
     with torch.no_grad():
@@ -297,18 +321,31 @@ def micro_batch_loss(ctx, mb, adv, norm, stats, epoch):
         stats[f"mismatch_e{epoch}"] += ((old - logp).abs() * mask).sum().item()  # what router replay removes
 
 
-def global_counts(ctx, mbs):
-    """(sequences, completion tokens, positions fed, micro-batches), from the step's batch_tensors:
+def padding_batch(ctx):
+    """A one-row micro-batch of padding only (collate's layout, no target, no valid position), for a
+    rank with fewer micro-batches than another: with balance="aux" the MoE all-reduces expert loads
+    inside every training forward, so all ranks must run as many. Its loss and gradients are zero."""
+    eot, model = ctx.tok.eot_id, ctx.model
+    routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
+    b = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
+                      ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False)
+    return b._replace(tgt=torch.full_like(b.tgt, -1), valid=torch.zeros_like(b.valid))
+
+
+Counts = namedtuple("Counts", "n_seqs n_tokens n_positions n_forwards")
+
+
+def global_counts(ctx, batches):
+    """Counts(sequences, completion tokens, positions fed, micro-batches) of the step's batch_tensors:
     the first three summed over ranks (the loss denominators are global), the last the max over
     ranks (every rank runs as many forwards)."""
-    tgts, valids = [t[1] for t in mbs], [t[4] for t in mbs]       # batch_tensors: idx, tgt, old, routes, valid, layout
-    c = torch.tensor([sum(t.size(0) for t in tgts), sum((t >= 0).sum().item() for t in tgts),
-                      sum(v.sum().item() for v in valids)], dtype=torch.float64)
-    n_mb = torch.tensor(len(mbs))
+    c = torch.tensor([sum(b.tgt.size(0) for b in batches), sum((b.tgt >= 0).sum().item() for b in batches),
+                      sum(b.valid.sum().item() for b in batches)], dtype=torch.float64)
+    n_mb = torch.tensor(len(batches))
     if ctx.ddp:
         dist.all_reduce(c)
         dist.all_reduce(n_mb, op=dist.ReduceOp.MAX)
-    return c[0].item(), c[1].item(), c[2].item(), int(n_mb)
+    return Counts(c[0].item(), c[1].item(), c[2].item(), int(n_mb))
 
 
 def all_reduce_grads(params):
@@ -369,9 +406,10 @@ def held_out(ctx, tag, at):
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
     values = [x for n in names for x in sums.get(n, (0.0, 0))]
     scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    for t in range(1, args.turns + 1 if args.turns > 1 else 1):   # the self-repair curve: pass@1 after turn t,
-        names.append(f"pass@1_turn{t}")                            # a mean over scored episodes (eval.py's too)
-        values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
+    if args.turns > 1:      # the self-repair curve: pass@1 after turn t, a mean over scored episodes (as eval.py)
+        for t in range(1, args.turns + 1):
+            names.append(f"pass@1_turn{t}")
+            values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
     v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
     if ctx.ddp:
         dist.all_reduce(v)
@@ -453,6 +491,25 @@ def levels_of(flag, value):
         common.die(f"{flag}: {e}")
 
 
+def task_sets(args, levels):
+    """The first tasks of the train stream (rl/rollouts.py next_tasks extends it on demand) and the
+    held-out test tasks; a difficulty list or count that gives none dies with a one-line error."""
+    eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
+    try:
+        stream = generate_tasks("train", min(4096, args.batch_tasks * max(1, args.steps)),
+                                seed=args.task_seed, difficulties=levels)
+        test_tasks = [] if args.no_eval else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
+                                                            difficulties=eval_levels)
+    except Exception as e:          # e.g. a difficulty level the generator does not have
+        common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
+    if not stream:
+        common.die(f"empty train task set (--difficulties {args.difficulties!r})")
+    if not args.no_eval and not test_tasks:
+        common.die(f"empty held-out task set (--eval-difficulties {args.eval_difficulties!r}, "
+                   f"--eval-tasks {args.eval_tasks})")
+    return stream, test_tasks
+
+
 def setup(args):
     """Everything the loop needs, in one namespace: model, tokenizer, optimizer, sandbox pool, task
     streams, the frozen reference (for --kl-coef) and the resumable `state`."""
@@ -460,7 +517,7 @@ def setup(args):
     check_args(args, world)
     engine.COMPILE = args.compile_decode
     levels = levels_of("--difficulties", args.difficulties)
-    eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
+    stream, test_tasks = task_sets(args, levels)
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
     metrics_path = os.path.join(args.out_dir, "metrics.jsonl")
     if rank == 0:
@@ -473,18 +530,6 @@ def setup(args):
     if max(tok.eot_id, tok.pad_id) >= model.config.vocab_size:
         common.die(f"tokenizer special ids ({tok.eot_id}, {tok.pad_id}) outside the model's vocabulary "
                    f"{model.config.vocab_size}")
-    try:     # the first tasks of the train stream (extended on demand), the held-out test tasks
-        stream = generate_tasks("train", min(4096, args.batch_tasks * max(1, args.steps)),
-                                    seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if args.no_eval else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
-                                                                difficulties=eval_levels)
-    except Exception as e:          # e.g. a difficulty level the generator does not have
-        common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
-    if not stream:
-        common.die(f"empty train task set (--difficulties {args.difficulties!r})")
-    if not args.no_eval and not test_tasks:
-        common.die(f"empty held-out task set (--eval-difficulties {args.eval_difficulties!r}, "
-                   f"--eval-tasks {args.eval_tasks})")
     positions = ck.get("stream_pos", [0] * world)
     if len(positions) != world:
         common.die(f"--resume: checkpoint was written with {len(positions)} ranks, now {world}")

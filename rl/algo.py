@@ -3,9 +3,9 @@ The algorithm of train_rl.py (the RL phase of the Composer 2 recipe, arXiv 2603.
 pure functions: tensors and sample dicts in, tensors out; no arguments object, no sandbox, no ranks.
 tests/test_rl.py checks each on hand-made numbers. One step of train_rl.py, in these functions:
 
-    r = correct - W * length_cost(n_generated(s), k, q) - kl_coef * kl_k1(old, ref, mask)
-    adv, has_signal = group_advantages(r, groups, signal_from=correct)   # A = r - group mean
-    idx, tgt, old, routes, valid = collate(samples, pad_id, n_moe_layers, top_k, True)
+    r = correct - W * length_cost(n_generated(s), k, q) - kl_coef * kl_k1(old, ref, mask)   # reward
+    adv, has_signal = group_advantages(r, groups, signal_from=correct)   # advantage: r - group mean
+    idx, tgt, old, routes, valid = collate(samples, pad_id, n_moe_layers, top_k, True)    # loss:
     logp, entropy = token_logprobs(model, idx, tgt, routes, temperature, valid)   # router replay
     tok_loss, clipped = ppo_token_loss(logp, old, adv)              # PPO clip, DAPO's clip-higher
     loss = (token_weights(mask, "constant", max_new_tokens, n_seqs, n_tokens) * tok_loss).sum()
@@ -22,10 +22,10 @@ those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held
 eval: pass_sums (pass@k as sums that combine across ranks).
 """
 import math
+from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
-
 
 
 def length_cost(x, k, q):
@@ -71,7 +71,7 @@ def ppo_token_loss(logp, old_logp, adv, eps_low=0.2, eps_high=0.28):
     (Yu et al. 2025): a rare token with A > 0 may grow further before the clip stops it, which
     keeps entropy from collapsing. Returns (loss (B, T), clipped (B, T) bool: the clip binds, the
     token's gradient is zero). adv: (B,) or (B, T). Single epoch on-policy, the sampler's log-probs
-    are the trainer's: ratio = 1 (up to ~1e-7 on CPU) and the clip is inert; it binds only from the
+    are the trainer's: ratio = 1 (up to float rounding) and the clip is inert; it binds only from the
     second --ppo-epochs on, on queued groups, or with a sampler that differs from the trainer."""
     adv = adv[:, None] if adv.dim() == 1 else adv
     ratio = torch.exp(logp - old_logp)
@@ -164,8 +164,8 @@ def packed_len(samples):
 
 
 def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
-    """collate() for single-turn groups without feeding a prompt G times (prompts are ~3/4 of the
-    positions of a cpu-preset step): one row per prompt, the prompt once, then each sample's tokens.
+    """collate() for single-turn groups without feeding a prompt G times (the G samples of a group
+    share it): one row per prompt, the prompt once, then each sample's tokens.
     A block mask lets a sample's tokens see the prompt and that sample's earlier tokens only, and
     each sample's positions restart where the prompt ends, so every token gets the logits of
     collate's layout (float rounding apart; the same gradients). The prompt's last position
@@ -228,21 +228,25 @@ def micro_batches(groups, size, pack):
     return out
 
 
+# One training forward's tensors (batch_tensors): collate's or pack_groups', and the layout for
+# token_logprobs ({} for collate's).
+Batch = namedtuple("Batch", "idx tgt old routes valid layout")
+
+
 def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
-    """The one place the layout is chosen: pack_groups (pack) or collate. Returns idx, tgt, old,
-    routes, valid and the layout dict for token_logprobs ({} for collate); either way tgt and old
-    hold one row per sample, so (tgt >= 0).sum() counts the generated tokens and valid.sum() the
-    positions fed."""
+    """The one place the layout is chosen: pack_groups (pack) or collate. Returns a Batch; either way
+    tgt and old hold one row per sample, so (tgt >= 0).sum() counts the generated tokens and
+    valid.sum() the positions fed."""
     if pack:
-        return pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes)
-    return (*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
+        return Batch(*pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes))
+    return Batch(*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
 
 
 def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
     distribution generation sampled from (model.generate's logprobs; T = 0 is greedy: plain
-    softmax), and the policy's entropy there. Only completion positions go through the LM head and
-    the softmax: prompts are most of the tokens, and this halves the cost of a training step on CPU.
+    softmax), and the policy's entropy there. Only the positions that predict a target go through
+    the LM head and the softmax: no other position's logits enter the loss.
     valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.
     pos, seg, src: pack_groups' layout (positions, segments for block_mask, the flat position that
     predicts each target); None: collate's (one sample per row, causal, a target's column predicts it)."""

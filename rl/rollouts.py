@@ -1,14 +1,16 @@
 """
-The sampling half of an RL step (train_rl.rl_step): which train tasks a step draws, the rollouts
-through the shared harness, their sandbox rewards, and group-relative advantages with DAPO's
-dynamic-sampling refills.
+The sampling half of an RL step: what train_rl.rl_step calls in each sampling round, in this order
 
-    groups = rollouts.sample_groups(ctx, step, stats)   # this rank's groups with signal, each sample with "adv"
+    tasks, keys = rollouts.draw_tasks(ctx, need, stats)             # the train stream's next tasks
+    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)   # sample, with sandbox verdicts
+    correct, reward = rollouts.rewards(ctx, scored, stats)          # reward
+    adv, keep = group_advantages(reward, ids, ...)                  # advantage (rl/algo.py)
+    rollouts.tally_samples(tasks, samples, results, ids, keep, stats)
+    groups = rollouts.signal_groups(scored, ids, adv, keep)         # the groups to train on
 
-sample_groups runs rounds of sample_round until the step has its groups; a round is
-ctx.rollout (one of the three rollout functions below, chosen once by train_rl.setup) -> rewards
--> rl.algo.group_advantages. A rollout function takes (ctx, tasks, stream keys, seed, stats) and
-returns (samples, results): the samples to train on and the sandbox verdicts that reward them.
+ctx.rollout is one of the three rollout functions below, chosen once by train_rl.setup. Each takes
+(ctx, tasks, stream keys, seed, stats) and returns (samples, results): the samples to train on and
+the sandbox verdicts that reward them.
   single_turn    G completions per task (engine.sample_completions)
   episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
   repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
@@ -24,69 +26,21 @@ import torch
 from infra import common
 from infra import engine
 import env
-from rl.algo import collate, group_advantages, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
+from rl.algo import collate, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
 from data.tasks import generate_tasks
 
 
 # ---------------------------------------------------------------------------------------------
-# A step's groups: rounds of rollout -> rewards -> advantages
+# A round of the step: its tasks, rewards, statistics and groups
 
-def sample_groups(ctx, step, stats):
-    """This rank's --batch-tasks / W groups with signal. Without dynamic sampling: one round of
-    tasks, groups without signal skipped. With it (DAPO), up to --ds-max-tries more rounds. Every
-    round generates a full --gen-batch (more tasks than are missing: small refill batches generate
-    slowly), and the informative groups left over wait in a queue for the next step. A queued group
-    is one optimizer step stale (sampled before the last update; the PPO ratio corrects for it),
-    trained on once, and dropped if not used by the next step. With --repair-groups a round can
-    yield up to two groups a task (its own and its repairs'), each one of the step's groups: the
-    surplus is queued with or without dynamic sampling, and a step may train on queued groups alone."""
-    args, st = ctx.args, ctx.state
-    batch, st["queue"] = st["queue"][:ctx.per_rank], []
-    stats["queued_groups"] += len(batch)
-    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
-        need = ctx.per_rank - len(batch)
-        if need <= 0:
-            break
-        n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
-        tasks, keys = prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
-        groups = sample_round(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
-        batch += groups[:need]
-        st["queue"] = groups[need:ctx.per_rank + need]
-        stats["rounds"] += 1
-    return batch
-
-
-def sample_round(ctx, tasks, keys, seed, stats):
-    """One round: roll out `tasks` (ctx.rollout), reward each sample, advantage each group. Returns
-    the groups worth training on (in task order), each a list of samples carrying their "adv"."""
+def draw_tasks(ctx, need, stats):
+    """The tasks of one sampling round when `need` of this rank's groups are missing: `need` tasks,
+    or with --dynamic-sampling a full --gen-batch of them (small refill batches generate slowly; the
+    groups left over wait in the queue). --prefilter K draws K x as many and keeps the likeliest to
+    give a mixed group (prefilter). Returns (tasks, stream keys)."""
     args = ctx.args
-    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)
-    count_samples(samples, results, stats)
-    # sandbox_error = the sandbox failed, not the model (env.py): those samples are dropped.
-    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
-    if not scored:
-        return []
-    correct, reward = rewards(ctx, scored, stats)
-    # group ids: 2i for task i's first attempts, 2i + 1 for the repairs of one of them (--repair-groups)
-    ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
-    # DAPO's dynamic sampling keeps a group when its CORRECTNESS varies: a length penalty or KL term
-    # makes almost every group's shaped reward differ, and all-pass / all-fail groups would then
-    # train on length / KL noise instead of being replaced by fresh tasks.
-    adv, keep = group_advantages(reward, ids, std=args.adv_std,
-                                 signal_from=correct if args.dynamic_sampling else None)
-    stats["groups"] += len(set(ids))
-    signal = {t for t, k in zip(ids, keep.tolist()) if k}
-    stats["zero_var_groups"] += len(set(ids)) - len(signal)
-    for t in set(ids):        # which difficulty levels carry the signal (the train mix's diagnostic)
-        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
-        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
-    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
-    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
-        if k:   # only what training needs (queued groups go into the checkpoint)
-            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
-                {x: s.get(x) for x in needed}
-            groups.setdefault(g, []).append({**part, "adv": a})
-    return [groups[t] for t in sorted(groups)]
+    n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
+    return prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
 
 
 def rewards(ctx, scored, stats):
@@ -95,13 +49,14 @@ def rewards(ctx, scored, stats):
     every token the model wrote (--len-penalty), minus the k1 KL to the reference folded into the
     reward (--kl-coef). Returns (correctness, shaped reward), float64 tensors."""
     args = ctx.args
-    first = torch.tensor([not s.get("repair") for s, _ in scored])     # pass rate, reward, KL: of first attempts
+    # the pass rate, reward and KL recorded are of first attempts
+    first = torch.tensor([not s.get("repair") for s, _ in scored], dtype=torch.bool)
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     reward = correct.clone()
     if args.len_penalty:
         # every token the model wrote in the episode: solving in fewer, shorter turns earns more
         reward -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
-    if ctx.ref is not None:
+    if ctx.ref is not None and scored:
         kl = ref_kl(ctx, [s for s, _ in scored])
         stats["kl_ref_sum"] += kl[first].sum().item()
         reward -= args.kl_coef * kl
@@ -111,9 +66,11 @@ def rewards(ctx, scored, stats):
     return correct, reward
 
 
-def count_samples(samples, results, stats):
-    """Reward-hack patterns in everything the model wrote; outcomes, lengths and turns of the first
-    attempts (a repair's are not a sample of the policy's first try)."""
+def tally_samples(tasks, samples, results, ids, keep, stats):
+    """A round's statistics: reward-hack patterns in everything the model wrote; outcomes, lengths
+    and turns of the first attempts (a repair's are not a sample of the policy's first try); the
+    groups (ids: the scored samples' group ids) and those with signal (keep), overall and per
+    difficulty level (which levels of the train mix carry the signal)."""
     for s, r in zip(samples, results):
         for t in turns_of(s):
             for k, v in env.hack_counts(t["completion"]).items():
@@ -125,6 +82,25 @@ def count_samples(samples, results, stats):
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
+    signal = {t for t, k in zip(ids, keep.tolist()) if k}
+    stats["groups"] += len(set(ids))
+    stats["zero_var_groups"] += len(set(ids)) - len(signal)
+    for t in set(ids):
+        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
+        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
+
+
+def signal_groups(scored, ids, adv, keep):
+    """The groups worth training on (keep), in group-id order (task order, a task's repairs after
+    it): each a list of its samples with their "adv", reduced to what training needs (queued groups
+    go into the checkpoint)."""
+    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
+    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
+        if k:
+            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
+                {x: s.get(x) for x in needed}
+            groups.setdefault(g, []).append({**part, "adv": a})
+    return [groups[t] for t in sorted(groups)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,10 +108,14 @@ def count_samples(samples, results, stats):
 
 def single_turn(ctx, tasks, keys, seed, stats):
     """G completions per task through the shared harness (engine.sample_completions: env's prompt,
-    cut and sandbox, as eval.py), each generated batch sandboxed while the next one is generated."""
+    cut and sandbox, as eval.py), --gen-batch rows per generate() call, each generated batch
+    sandboxed while the next one is generated (no overlap when one call holds the whole round, as
+    in the cpu preset)."""
     args, futures, t0 = ctx.args, [], time.time()
-    submit = lambda b: futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in b],
-                                                            [s["completion"] for s in b], fractional=args.fractional))
+
+    def submit(batch):      # sandboxed in the background: generation goes on meanwhile
+        futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in batch],
+                                             [s["completion"] for s in batch], fractional=args.fractional))
     kw = sampling_kw(ctx)
     if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
         samples = []
@@ -182,10 +162,11 @@ REPAIR_STREAM = 15_485_863   # repairs draw from random streams of their own, ap
 
 def sample_repairs(ctx, tasks, samples, results, seed, stats):
     """G repairs of each root (repair_roots), sampled from the second turn's context
-    (engine.repair_prompt: the prompt, the failed attempt, its feedback). Tasks that no first attempt
-    solved are not branched: a repair rarely succeeds where G fresh attempts did not. A repair that
-    resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe describes,
-    Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test results)."""
+    (engine.repair_prompt: the prompt, the failed attempt, its feedback). Only tasks that a first
+    attempt solved are branched: there the policy can write a passing program, so a group of
+    repairs can be mixed (one that all fail carries no signal, and its sampling is spent). A repair
+    that resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe
+    describes, Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test results)."""
     t0 = time.time()
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)

@@ -163,32 +163,47 @@ def test_prefilter_check_scores_kept_and_dropped_tasks(tiny_ckpt, capsys):
 
 
 def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
-    # per rank 4 groups; a generation batch holds 4 tasks (gen_batch 8 / group 2). Fake rounds return
-    # named groups: which tasks were asked for, and what the step trains on, is all that is checked.
-    args = SimpleNamespace(dynamic_sampling=True, ds_max_tries=3, gen_batch=8, group_size=2, prefilter=1)
-    ctx = SimpleNamespace(args=args, per_rank=4, rank=0, state={"queue": [], "stream_pos": 0})
+    # per rank 4 groups; a generation batch holds 4 tasks (gen_batch 8 / group 2). A fake rollout gives
+    # a mixed group (one pass, one fail) to the first k tasks of a round and a failed one to the rest,
+    # k from `informative`; group g<key> is task <key>'s. Training is recorded, not run: which tasks
+    # were asked for, and what each step trains on, is all that is checked.
+    args = SimpleNamespace(dynamic_sampling=True, ds_max_tries=3, gen_batch=8, group_size=2, prefilter=1,
+                           adv_std=False, len_penalty=0.0, lr=1e-3, warmup_steps=0, lr_schedule="constant",
+                           ppo_epochs=1)
     informative = iter([2, 3, 4, 0, 0, 0, 1])       # informative groups found by successive rounds
-    asked = []
+    asked, trained = [], []
 
-    def fake_round(ctx, tasks, keys, seed, stats):
+    def fake_rollout(ctx, tasks, keys, seed, stats):
         asked.append(len(keys))
-        return [[f"g{k}"] for k in keys[:next(informative)]]
+        k = next(informative)
+        samples = [{"task_idx": i, "prompt_ids": [key], "tokens": [j], "logprobs": [0.0], "completion": "x"}
+                   for i, key in enumerate(keys) for j in range(2)]
+        wins = [s["task_idx"] < k and s["tokens"] == [0] for s in samples]
+        return samples, [env.Result(float(w), w, "pass" if w else "wrong_answer", "", int(w), 1) for w in wins]
     def fake_tasks(ctx, n):
         pos = ctx.state["stream_pos"]
         ctx.state["stream_pos"] += n
-        return list(range(pos, pos + n)), list(range(pos, pos + n))
-    monkeypatch.setattr(rollouts, "sample_round", fake_round)
+        return [SimpleNamespace(difficulty=1)] * n, list(range(pos, pos + n))
+    def recorded(ctx, groups):      # the step's groups, as names
+        trained.append([f"g{g[0]['prompt_ids'][0]}" for g in groups])
+        return [], [], train_rl.Counts(0, 0, 0, 0)
     monkeypatch.setattr(rollouts, "next_tasks", fake_tasks)
-    stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
-    b1 = rollouts.sample_groups(ctx, 0, stats)
-    assert asked == [4, 4] and len(b1) == 4                 # 2 + 3 found: the refill sampled 4 tasks, not 2
-    assert ctx.state["queue"] == [["g6"]]                   # the surplus waits for the next step
-    b2 = rollouts.sample_groups(ctx, 1, stats)
-    assert asked == [4, 4, 4] and b2[0] == ["g6"] and len(b2) == 4 and ctx.state["queue"] == [["g11"]]
-    b3 = rollouts.sample_groups(ctx, 2, stats)               # nothing informative: 4 rounds, then give up
-    assert asked[3:] == [4, 4, 4, 4] and b3 == [["g11"], ["g24"]] and ctx.state["queue"] == []
-    trained = [g[0] for b in (b1, b2, b3) for g in b]
-    assert len(trained) == len(set(trained)), "no group is trained on twice"
+    monkeypatch.setattr(train_rl, "training_batches", recorded)
+    ctx = SimpleNamespace(args=args, per_rank=4, rank=0, ref=None, rollout=fake_rollout,
+                          state={"queue": [], "stream_pos": 0}, optimizer=SimpleNamespace(param_groups=[]),
+                          model=SimpleNamespace(n_moe_layers=0, train=lambda: None))
+    queued = lambda: [f"g{g[0]['prompt_ids'][0]}" for g in ctx.state["queue"]]
+    s1 = train_rl.rl_step(ctx, 0)
+    assert asked == [4, 4] and trained[0] == ["g0", "g1", "g4", "g5"]   # 2 + 3 found: the refill sampled 4 tasks, not 2
+    assert queued() == ["g6"] and s1["rounds"] == 2                    # the surplus waits for the next step
+    s2 = train_rl.rl_step(ctx, 1)
+    assert asked == [4, 4, 4] and trained[1] == ["g6", "g8", "g9", "g10"] and queued() == ["g11"]
+    assert s2["queued_groups"] == 1 and s2["groups"] == 4 and s2["zero_var_groups"] == 0
+    s3 = train_rl.rl_step(ctx, 2)                             # nothing informative: 4 rounds, then give up
+    assert asked[3:] == [4, 4, 4, 4] and trained[2] == ["g11", "g24"] and queued() == []
+    assert s3["rounds"] == 4 and s3["zero_var_groups"] == 15 and s3["signal/d1"] == 1
+    names = [g for t in trained for g in t]
+    assert len(names) == len(set(names)), "no group is trained on twice"
 
 
 def test_kl_k1():
@@ -228,6 +243,28 @@ def test_router_replay_matches_generation():
     (-(logp * mask).sum()).backward()
     router_grads = [m.router.weight.grad for m in model.moe_layers()]
     assert all(g is not None and g.abs().sum() > 0 for g in router_grads)
+
+
+def test_padding_batch_runs_the_moe_and_adds_nothing():
+    # A DDP rank with fewer micro-batches than another runs padding_batch forwards: the MoE runs (with
+    # balance="aux" every training forward all-reduces expert loads), but no position counts as load,
+    # and the loss, its statistics and every gradient are zero.
+    model = tiny_moe()
+    model.train()
+    args = SimpleNamespace(temperature=1.0, eps_low=0.2, eps_high=0.28, loss_norm="constant", batch_tasks=2,
+                           group_size=2, max_new_tokens=8, moe_aux_scale=0.0, ppo_epochs=1)
+    ctx = SimpleNamespace(args=args, model=model, device=torch.device("cpu"), replay=True,
+                          tok=SimpleNamespace(eot_id=1, pad_id=0))
+    stats = rl_metrics.new_stats(args)
+    train_rl.micro_batch_loss(ctx, train_rl.padding_batch(ctx), [0.0], train_rl.Counts(4, 10, 30, 1), stats, 0)
+    assert all(m.load is not None and m.load.sum() == 0 for m in model.moe_layers())
+    assert all(q.grad is None or not q.grad.any() for q in model.parameters())
+    assert all(v == 0 for k, v in stats.items() if k.endswith("_e0"))
+
+
+def test_router_replay_flag():
+    parse = lambda *a: common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", "smoke", *a]).router_replay
+    assert parse() and parse("--router-replay") and not parse("--no-router-replay")
 
 
 def test_packed_groups_give_collates_logprobs_and_gradients():
