@@ -78,6 +78,8 @@ def main(argv=None):
     p.add_argument("--turns", type=int, help="attempts at most")
     p.add_argument("--max-new-tokens", type=int, help="tokens per attempt")
     p.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
+    p.add_argument("--no-speculative", action="store_true", help="decode plainly even if the checkpoint has "
+                   "MTP modules (train_mtp.py); speculative decoding samples the same distribution, faster")
     args = common.parse_args(p, PRESETS, argv)
     if args.turns < 1 or args.max_new_tokens < 1:
         common.die("--turns and --max-new-tokens must be >= 1")
@@ -96,6 +98,9 @@ def main(argv=None):
         common.die(str(e))
     device = common.pick_device(args.device)
     model, tok, _ = common.load_checkpoint(args.ckpt, device)
+    # A checkpoint with MTP modules drafts tokens that one forward checks (engine.generate_speculative):
+    # exactly the model's samples, several tokens per forward (docs/speculative.md).
+    engine.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
     gen = torch.Generator(device=device).manual_seed(args.seed)
     with env.SandboxPool(workers=1) as pool:
         ep = engine.run_episodes(model, tok, [task], 1, args.turns, pool, args.temperature, args.max_new_tokens,

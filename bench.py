@@ -25,6 +25,10 @@ Parts and the goals they are measured against:
              packed prompts (--pack-prompts); needs a cpu pretraining checkpoint
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
+  speculative  (needs --ckpt with MTP modules, train_mtp.py; default runs/cpu/mtp/ckpt.pt) speculative
+             decoding vs plain: acceptance per draft position, tokens per forward, tokens/s at batch 1
+             on the interactive command's path (goal >= 1.5x, exact outputs) and at the RL batch
+    python bench.py speculative --ckpt runs/cpu/mtp/ckpt.pt --quick     # about a minute
 """
 import argparse
 import concurrent.futures
@@ -568,9 +572,103 @@ def gpu_check(out_dir):
     return 0 if results["ok"] else 1
 
 
+# ----------------------------------------------------------------------------------- speculative
+
+def bench_speculative(quick, ckpt="runs/cpu/mtp/ckpt.pt"):
+    """Speculative decoding (engine.generate_speculative: the checkpoint's MTP modules draft, one trunk
+    forward checks; docs/speculative.md) against plain decoding, side by side in one run, on held-out
+    env prompts. Batch 1 is the interactive command's path (agent.py: engine.generate_streams on one
+    prompt, its preset's temperature 0.8 and 96 new tokens, stop at end-of-text), at temperature 0.8
+    and greedy; the RL batch is 16 prompts x 8 samples at temperature 1 (train_rl.py's cpu preset).
+    Acceptance per draft position: the share of drafts kept among those reached (every earlier draft
+    kept). Greedy tokens must be plain greedy's (spec_greedy_identical)."""
+    from infra import common
+    from infra import engine
+    import env
+    from data import tasks
+    path = ckpt if os.path.isabs(ckpt) else os.path.join(ROOT, ckpt)
+    if not os.path.isfile(path):
+        print(f"  skipped: no {ckpt} (run.sh's mtp stage, or train_mtp.py, writes one)", flush=True)
+        return {}
+    model, tok, _ = common.load_checkpoint(path)
+    model.eval()
+    if not model.config.n_mtp:
+        print(f"  skipped: {ckpt} has no MTP modules (train_mtp.py adds them)", flush=True)
+        return {}
+    n_new, keep = 96, model.config.seq_len - 96
+    prompts = [tok.encode(env.render_prompt(t))[-keep:] for t in tasks.generate_tasks("test", 6 if quick else 16, seed=0)]
+    rl_prompts = [tok.encode(env.render_prompt(t))[-keep:] for t in tasks.generate_tasks("train", 16, seed=11)]
+
+    def run(spec, temperature, batches, stats=None):
+        """Wall and CPU seconds of each batch (a seed per batch: every repetition samples the same
+        tokens) and its tokens. CPU seconds (this process's) do not count the time other processes
+        take the cores from it: the steadier figure on a shared machine."""
+        before, engine.SPECULATIVE = engine.SPECULATIVE, spec
+        try:
+            secs, toks = [], []
+            for i, rows in enumerate(batches):
+                g = torch.Generator().manual_seed(i)
+                t0, c0 = time.perf_counter(), time.process_time()
+                outs = engine.generate_streams(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
+                                               generator=g, **({"stats": stats} if stats is not None else {}))
+                secs.append((time.perf_counter() - t0, time.process_time() - c0))
+                toks.append([o["tokens"] for o in outs])
+            return secs, toks
+        finally:
+            engine.SPECULATIVE = before
+    one, rl = [[p] for p in prompts], [[p for p in rl_prompts for _ in range(8)]]
+    arms = [(0.8, one), (0.0, one), (1.0, rl)]
+    run(True, 0.8, one[:1])   # warm-up
+    best, toks = {}, {}
+    for rep in range(2 if quick else 5):   # interleaved, so that machine noise hits both arms alike; each
+        for temp, batches in arms:         # batch keeps its fastest repetition
+            if batches is rl and rep >= (1 if quick else 3):
+                continue
+            for spec in (False, True):
+                secs, toks[(temp, spec)] = run(spec, temp, batches)
+                best[(temp, spec)] = [(min(a[0], b[0]), min(a[1], b[1])) for a, b in zip(best.get((temp, spec), secs), secs)]
+    rate = {k: sum(len(t) for b in toks[k] for t in b) / sum(w for w, _ in v) for k, v in best.items()}
+    cpu = {k: sum(len(t) for b in toks[k] for t in b) / sum(c for _, c in v) for k, v in best.items()}
+    stats = {}   # counted in a run of their own (counting costs time), summed over the calls
+    for temp, batches in arms:
+        calls = []
+        run(True, temp, batches, calls)
+        stats[temp] = {k: sum(c[k] for c in calls) for k in ("forwards", "advanced")}
+        stats[temp].update({k: [sum(x) for x in zip(*(c[k] for c in calls))] for k in ("reached", "kept")})
+    with engine.cpu_threads(1):   # greedy of the whole batch at once, too: ragged prompts, rows retiring
+        batch = engine.generate(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
+        batch_spec = engine.generate_speculative(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
+    identical = toks[(0.0, False)] == toks[(0.0, True)] and [o["tokens"] for o in batch] == [o["tokens"] for o in batch_spec]
+    acc = {k: [kept / max(1, r) for kept, r in zip(s["kept"], s["reached"])] for k, s in stats.items()}
+    per_fwd = {k: s["advanced"] / s["forwards"] for k, s in stats.items()}
+    out = {"spec_n_mtp": model.config.n_mtp, "spec_acceptance": acc[0.8], "spec_tokens_per_forward": per_fwd[0.8],
+           "spec_b1_tok_s": rate[(0.8, True)], "plain_b1_tok_s": rate[(0.8, False)],
+           "spec_b1_speedup": rate[(0.8, True)] / rate[(0.8, False)],
+           "spec_acceptance_greedy": acc[0.0], "spec_tokens_per_forward_greedy": per_fwd[0.0],
+           "spec_b1_speedup_greedy": rate[(0.0, True)] / rate[(0.0, False)], "spec_greedy_identical": identical,
+           "spec_rl_tok_s": rate[(1.0, True)], "plain_rl_tok_s": rate[(1.0, False)],
+           "spec_rl_speedup": rate[(1.0, True)] / rate[(1.0, False)], "spec_rl_tokens_per_forward": per_fwd[1.0],
+           "spec_rl_acceptance": acc[1.0]}
+    # what one speculative step (a trunk forward over the drafts, the MTP levels, accept) costs in plain
+    # decode steps: speed-up = tokens per forward / this (prefills included on both sides)
+    out["spec_b1_step_cost"] = per_fwd[0.8] / out["spec_b1_speedup"]
+    out.update({f"{k}_cpu_time": cpu[(t, True)] / cpu[(t, False)] for k, t in
+                (("spec_b1_speedup", 0.8), ("spec_b1_speedup_greedy", 0.0), ("spec_rl_speedup", 1.0))})
+    print(f"  batch 1, T=0.8: plain {out['plain_b1_tok_s']:.0f} tok/s, speculative {out['spec_b1_tok_s']:.0f} tok/s = "
+          f"{out['spec_b1_speedup']:.2f}x (goal >= 1.5x); acceptance per draft position "
+          f"{[round(a, 3) for a in acc[0.8]]}, {per_fwd[0.8]:.2f} tokens per forward, a step costing "
+          f"{out['spec_b1_step_cost']:.2f} plain steps; by CPU time {out['spec_b1_speedup_cpu_time']:.2f}x", flush=True)
+    print(f"  batch 1, greedy: {out['spec_b1_speedup_greedy']:.2f}x (CPU time {out['spec_b1_speedup_greedy_cpu_time']:.2f}x), acceptance {[round(a, 3) for a in acc[0.0]]}, "
+          f"{per_fwd[0.0]:.2f} tokens per forward; tokens identical to plain greedy: {identical}", flush=True)
+    print(f"  RL batch (16x8, T=1): plain {out['plain_rl_tok_s']:.0f} tok/s, speculative {out['spec_rl_tok_s']:.0f} "
+          f"tok/s = {out['spec_rl_speedup']:.2f}x (CPU time {out['spec_rl_speedup_cpu_time']:.2f}x), {per_fwd[1.0]:.2f} "
+          f"tokens per forward", flush=True)
+    return out
+
+
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
-         "compiled": bench_compiled}
+         "compiled": bench_compiled, "speculative": bench_speculative}
 
 if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
     check = argparse.ArgumentParser(prog="bench.py gpu-check", description="the GPU path, stage by stage (docs/gpu.md)")
@@ -582,6 +680,7 @@ elif __name__ == "__main__":
                         help=f"which benchmarks to run (default: all; rl and compiled only without --quick): {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="shorter runs: the whole set in < 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -591,7 +690,7 @@ elif __name__ == "__main__":
     for name in parts:
         t0 = time.time()
         print(f"[{name}]", flush=True)
-        results.update(PARTS[name](args.quick))
+        results.update(PARTS[name](args.quick, **({"ckpt": args.ckpt} if name == "speculative" and args.ckpt else {})))
         results[f"{name}_bench_s"] = time.time() - t0
     results["bench_s"] = time.time() - t_start
     # 4 decimals, or 4 significant digits for the small ones (a max abs difference of 3e-7 is not 0)

@@ -249,6 +249,8 @@ def flat_figures(r):
                 f[f"{part}/{k}" + (f"[turn {t}]" if isinstance(v, list) else "")] = x
         for o, c in e["outcomes"].items():
             f[f"{part}/outcome/{o}"] = c / max(1, e["n_samples"])
+    for m, a in enumerate(r.get("mtp_top1_agreement", []), 1):
+        f[f"mtp_top1_agreement/level{m}"] = a
     if "bits_per_byte" in r:
         f["bits_per_byte"] = r["bits_per_byte"]
         for k, v in r["bits_per_byte_by_source"].items():
@@ -366,6 +368,10 @@ def evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device):
               for k, v in bpb_texts.items()}
         r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
         r["bits_per_byte_by_source"] = {k: corpus.to_bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
+    if model.config.n_mtp:   # the drafts of speculative decoding (train_mtp.py): top-1 agreement per MTP level,
+        texts = bpb_texts or {"tasks": [env.corpus_text(t) for t in test]}   # the mean over the held-out sources
+        per = [corpus.mtp_agreement(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8)) for v in texts.values()]
+        r["mtp_top1_agreement"] = [sum(a) / len(per) for a in zip(*per)]
     r["eval_s"] = time.time() - t0
     return r, records
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole Composer-2-style recipe in miniature, end to end:
 #   1. tokenizer + code corpus + continued pretraining of a small MoE   (train_pretrain.py)
+#      + multi-token-prediction modules for speculative decoding      (train_mtp.py)
 #   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
 #   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
 #   4. figures of both runs' curves next to the evaluation table        (plot.py)
@@ -25,6 +26,12 @@ echo "preset: $PRESET   run directory: $OUT"
 
 run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
+# Multi-token-prediction modules trained by self-distillation on the pretrained model, frozen (train_mtp.py):
+# they draft tokens for speculative decoding when serving (agent.py; docs/speculative.md). RL continues from
+# the pretrained checkpoint; the eval stage reads this one in its place (same weights, same samples, plus
+# the MTP modules' top-1 agreement with the main head).
+run_stage mtp python train_mtp.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/mtp"
+MTP_CKPT=$(json_get "$OUT/mtp.json" ckpt)
 # Multi-turn episodes need a base model that has seen test feedback (repair transcripts) and, on the cpu
 # preset, a context that holds three turns: a short continued pretraining of the preset's base, the same
 # path as context extension (docs/notes.md: pretraining with transcripts from scratch made a weaker base).
@@ -52,7 +59,7 @@ if [ "$TURNS" -gt 1 ]; then
 else
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$PRE_CKPT" --out-dir "$OUT/rl" --turns 1
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
-  run_stage eval python eval.py --preset "$PRESET" --ckpt "$PRE_CKPT" --ckpt "$RL_CKPT" \
+  run_stage eval python eval.py --preset "$PRESET" --ckpt "$MTP_CKPT" --ckpt "$RL_CKPT" \
     --label pretrained --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"
 fi
 run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
@@ -60,10 +67,12 @@ run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
 echo
 echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
+echo "  MTP         : $OUT/mtp/       (the pretrained model + MTP modules for speculative decoding, $MTP_CKPT;"
+echo "                try: python agent.py --ckpt $MTP_CKPT, python bench.py speculative --ckpt $MTP_CKPT --quick)"
 [ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts," \
                           "checkpoint $REPAIR_CKPT)"
 [ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL, checkpoint $RL1_CKPT)"
 echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
 echo "  evaluation  : $OUT/eval/      (eval.md side-by-side table, eval.json, figures pretrain.png rl.png rl_time.png)"
-echo "  stage logs  : $OUT/{pretrain,rl,eval}.log, summaries $OUT/{pretrain,rl,eval}.json (TURNS > 1: also repair, rl1)"
+echo "  stage logs  : $OUT/{pretrain,mtp,rl,eval}.log, summaries $OUT/{pretrain,mtp,rl,eval}.json (TURNS > 1: also repair, rl1)"
 [ -f "$OUT/eval/eval.md" ] && cat "$OUT/eval/eval.md"

@@ -16,7 +16,7 @@ parent does; --train-trunk trains everything, with the language-model loss added
 keeps predicting the data (DeepSeek-V3 trains its MTP modules with the model this way). The data is
 the pretraining mix, read from the token caches the pretraining run left (--cache-dir, default its
 run directory's cache/). The last stdout line is JSON: the checkpoint (ckpt) and each level's top-1
-agreement with the main head on the held-out split.
+agreement with the main head on the held-out split (corpus.mtp_agreement; the mean over the sources).
 """
 import argparse
 import dataclasses
@@ -66,36 +66,14 @@ def distill(model, x, y=None):
     return loss, torch.stack(agree)
 
 
-@torch.no_grad()
-def agreement(model, windows, batch_size=8):
-    """Each level's top-1 agreement with the main head over (N, T) token windows: at temperature 0 the
-    fraction of drafts speculative decoding keeps (given that the drafts before them were kept)."""
-    was_training, total = model.training, 0
-    model.eval()
-    for i in range(0, len(windows), batch_size):
-        x = windows[i:i + batch_size]
-        total = total + distill(model, x)[1] * len(x)
-    model.train(was_training)
-    return (total / max(1, len(windows))).tolist()
-
-
-def text_windows(tok, texts, T, max_tokens, device="cpu"):
-    """Documents joined as [eot] doc1 [eot] doc2 ..., cut into (N, T) windows (eval.py's held-out text)."""
-    stream = []
-    for d in texts:
-        stream += [tok.eot_id] + tok.encode(d)
-        if len(stream) >= max_tokens:
-            break
-    n = min(len(stream), max_tokens) // T
-    return torch.tensor(stream[:n * T], device=device).view(n, T)
-
-
 def pretraining_data(args, ckpt):
     """The token caches of the run that pretrained the checkpoint (its manifest with the same
     tokenizer) and the mix to draw from: --mix, else the parent's own."""
-    cache_dir = args.cache_dir or os.path.join(os.path.dirname(os.path.abspath(args.init_from)), "cache")
-    want = Tokenizer.from_dict(ckpt["tokenizer"]).fingerprint()
-    for path in sorted(glob.glob(os.path.join(cache_dir, "prepared-*.json"))):
+    # --cache-dir, else the cache/ beside the checkpoint, or beside its parent's (an MTP checkpoint's)
+    dirs = [args.cache_dir] if args.cache_dir else [os.path.join(os.path.dirname(os.path.abspath(c)), "cache")
+                                                    for c in (args.init_from, ckpt.get("parent")) if c]
+    cache_dir, want = " or ".join(dirs), Tokenizer.from_dict(ckpt["tokenizer"]).fingerprint()
+    for path in sorted(p for d in dirs for p in glob.glob(os.path.join(d, "prepared-*.json"))):
         with open(path) as f:
             prep = json.load(f)
         if Tokenizer.from_dict(prep["tokenizer"]).fingerprint() == want and all(map(os.path.isfile, prep["paths"].values())):
@@ -110,8 +88,12 @@ def pretraining_data(args, ckpt):
         name, _, w = part.partition("=")
         if f"{name}/train" not in arrays:
             common.die(f"--mix: no source {name!r} in the pretraining caches ({', '.join(sorted(arrays))})")
-        if float(w) > 0 and len(arrays[f"{name}/train"]) > args.seq_len:
-            mix[name] = float(w)
+        try:
+            w = float(w)
+        except ValueError:
+            common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
+        if w > 0 and len(arrays[f"{name}/train"]) > args.seq_len:
+            mix[name] = w
     if not mix:
         common.die(f"--mix {spec!r}: no source with weight > 0 and more than --seq-len tokens")
     return arrays, mix
@@ -140,8 +122,8 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, help="tokens per sequence (at most the checkpoint's context)")
     p.add_argument("--lr", type=float, help="peak learning rate (AdamW), linear warmup then cosine decay to 0")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
-    p.add_argument("--mix", default="", help="source weights NAME=W,... (default: the parent's pretraining mix)")
-    p.add_argument("--cache-dir", help="train_pretrain.py's token caches (default: INIT_FROM's directory/cache)")
+    p.add_argument("--mix", default="", help="source weights NAME=W,... (empty: the parent's pretraining mix)")
+    p.add_argument("--cache-dir", help="train_pretrain.py's token caches (none: cache/ beside INIT_FROM or beside its parent)")
     p.add_argument("--val-tokens", type=int, help="held-out tokens per source for the final agreement")
     p.add_argument("--log-every", type=int, help="steps between log lines")
     args = common.parse_args(p, PRESETS, argv)
@@ -154,6 +136,7 @@ def main(argv=None):
     init, tok, ckpt = common.load_checkpoint(args.init_from, device="cpu")
     args.seq_len = min(args.seq_len, init.config.seq_len)
     arrays, mix = pretraining_data(args, ckpt)
+    args.mix = ",".join(f"{k}={w:g}" for k, w in mix.items())   # kept in the checkpoint: a later run reads it
     model = model_with_mtp(init, args.n_mtp).to(device)
     for name, q in model.named_parameters():   # frozen: only the MTP modules learn
         q.requires_grad_(args.train_trunk or name.startswith("mtp."))
@@ -191,13 +174,10 @@ def main(argv=None):
                    "elapsed_s": time.time() - t_start}
             common.log_metrics(metrics, rec)
             print(json.dumps(rec), file=sys.stderr, flush=True)
-    val = {}
-    for name in names:
-        arr = arrays[f"{name}/val"]
-        n = min(len(arr), args.val_tokens) // T
-        if n:
-            val[name] = torch.from_numpy(np.asarray(arr[:n * T], dtype=np.int64)).view(n, T) % tok.vocab_size
-    held = agreement(model, torch.cat(list(val.values())).to(device)) if val else None
+    held = [corpus.mtp_agreement(model, tok, [(np.asarray(arrays[f"{n}/val"][:args.val_tokens], dtype=np.int64)
+                                               % tok.vocab_size).tolist()], args.val_tokens)
+            for n in names if len(arrays[f"{n}/val"])]
+    held = [sum(a) / len(held) for a in zip(*held)] if held else None   # the mean over the sources
     path = os.path.join(args.out_dir, "ckpt.pt")
     common.save_checkpoint(path, model, tok, args=vars(args), parent=args.init_from)
     common.print_summary({"ckpt": path, "n_mtp": args.n_mtp, "mtp_params": model.mtp_params(),

@@ -323,6 +323,37 @@ def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     return to_bits_per_byte(nats, n_bytes)
 
 
+@torch.no_grad()
+def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
+    """Each MTP level's top-1 agreement with the main head (model.py: MTP, train_mtp.py) over held-out
+    documents, joined as nats_and_bytes joins them and cut into windows of seq_len: the share of slots
+    whose level-m argmax is the main head's argmax there (slots m and on: before them a level reads
+    zeros). At temperature 0 it is the share of drafts speculative decoding keeps (when the drafts
+    before them were kept). Accepts strings or lists of token ids."""
+    device, T = next(model.parameters()).device, model.config.seq_len
+    stream = []
+    for d in texts_or_tokens:
+        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
+        if max_tokens is not None and len(stream) >= max_tokens:
+            stream = stream[:max_tokens]
+            break
+    n = max(1, len(stream) // T)
+    x = torch.tensor(stream[:n * T] if len(stream) >= T else stream, device=device).view(n, -1)
+    agree, was_training = torch.zeros(len(model.mtp), device=device), model.training
+    model.eval()
+    try:
+        for i in range(0, n, batch_size):
+            xb = x[i:i + batch_size]
+            pos = torch.arange(xb.size(1), device=device)[None]
+            h, _ = model.trunk(xb, pos)
+            main = model.lm_head(h).argmax(-1)
+            for m, logits in enumerate(model.mtp_logits(h, xb, pos), 1):
+                agree[m - 1] += (logits.argmax(-1) == main)[:, m:].float().mean() * len(xb)
+    finally:
+        model.train(was_training)
+    return (agree / n).tolist()
+
+
 def heldout_code_texts(val_frac=0.02):
     """Held-out code for bits-per-byte that pretraining never trains on: the stdlib files
     train_pretrain.py holds out for validation (the same reader, stdlib_docs, and is_validation with

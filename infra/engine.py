@@ -306,9 +306,8 @@ def generate_speculative(model, prompts, max_new_tokens, temperature=1.0, top_k=
     accept), so the batch keeps generate's left-padded layout and one cache pointer; a rejection is
     rolled back by setting that pointer after the accepted tokens (the rejected columns are written
     again by the next step). Same prompts, stop ids, pasts (whose keys/values include the MTP layers'),
-    retiring of finished rows and outputs as generate, without routes. stats: a dict that receives
-    the counts bench.py reports (trunk forwards, tokens they advanced, drafts reached and accepted at
-    each position)."""
+    retiring of finished rows and outputs as generate, without routes. stats: a list that receives
+    this call's counts (see count; bench.py reports them), one append, so threads may share it."""
     prompts = as_prompt_lists(prompts)
     D = model.config.n_mtp
     if not D:
@@ -330,7 +329,7 @@ def generate_speculative(model, prompts, max_new_tokens, temperature=1.0, top_k=
                              torch.cat([b.pos[rows], pos[:, None] + ahead[:D]], 1), valid, temperature, top_k, top_p,
                              generator, real)
     cache.pos = A + L
-    count(stats, D, 1)
+    counts = count(None, D, 1) if stats is not None else None
     width = max_new_tokens + D + 1          # a step may pass max_new_tokens; n_out cuts it
     tokens = torch.zeros(B, width, dtype=torch.long, device=dev)
     logprobs = torch.zeros(B, width, device=dev)
@@ -367,13 +366,16 @@ def generate_speculative(model, prompts, max_new_tokens, temperature=1.0, top_k=
         h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, attention_mask(valid, at, D + 1))
         new, lp, run = accept(model.lm_head(h).float(), drafts, q, temperature, top_k, top_p, generator, ~done)
         s = new.size(1)
-        count(stats, D, s, run[~done])
+        if counts is not None:
+            count(counts, D, s, run[~done])
         drafts, q, carry = draft(model, cache, at, carry, h[:, :s], torch.cat([x[:, :1], new], 1),
                                  pos[:, None] + ahead[:s + D], valid, temperature, top_k, top_p, generator)
         cache.pos, pos = at + s, pos + s   # the rollback: columns of rejected drafts are written again
     if return_past:
         for j in range(len(alive)):
             keep_past(j)
+    if stats is not None:
+        stats.append(counts)
     return outputs(tokens, logprobs, n_out, pasts if return_past else None, None, prompts, L)
 
 
@@ -443,19 +445,18 @@ def keep_probability(p, q):
     return (p / q).clamp(max=1.0)
 
 
-def count(stats, D, advanced, run=None):
-    """bench.py's counts: trunk forwards, the tokens they advanced each row by, and per draft position
-    j the live rows whose drafts before j were all kept (reached) and those that kept j too."""
-    if stats is None:
-        return
-    stats["forwards"] = stats.get("forwards", 0) + 1
-    stats["advanced"] = stats.get("advanced", 0) + advanced
-    for key in ("reached", "kept"):
-        stats.setdefault(key, [0] * D)
+def count(counts, D, advanced, run=None):
+    """Adds one trunk forward to a call's counts (None: new counts): forwards, the tokens they moved the rows by
+    (advanced), and per draft position j the live rows whose drafts before j were all kept (reached)
+    and those that kept draft j too (kept; kept / reached is the acceptance at position j)."""
+    counts = counts if counts is not None else {"forwards": 0, "advanced": 0, "reached": [0] * D, "kept": [0] * D}
+    counts["forwards"] += 1
+    counts["advanced"] += advanced
     if run is not None:
         for j in range(D):
-            stats["reached"][j] += int((run >= j).sum())
-            stats["kept"][j] += int((run > j).sum())
+            counts["reached"][j] += int((run >= j).sum())
+            counts["kept"][j] += int((run > j).sum())
+    return counts
 
 
 # ----------------------------------------------------------------------------------------------

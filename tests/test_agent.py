@@ -197,9 +197,17 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     monkeypatch.setattr(rollouts, "sample_repairs", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
     monkeypatch.setattr(rollouts.engine, "sample_completions", resubmitting)
+    rounds = []
+
+    def one_round():     # rl_step over one round of the tasks ts, its groups recorded and not trained on
+        with monkeypatch.context() as m:
+            m.setattr(rollouts, "draw_tasks", lambda ctx, need, stats: (ts, [0, 1, 2]))
+            m.setattr(train_rl, "micro_batches", lambda groups, *a: rounds.append(groups) or [])
+            return train_rl.rl_step(ctx, 0), rounds[-1]
     try:
-        stats = rl_metrics.new_stats(args)
-        groups = rollouts.sample_round(ctx, ts, [0, 1, 2], 0, stats)
+        ctx.per_rank = 4     # a step takes up to 4 groups: all of the round's
+        stats, groups = one_round()
+        assert stats["trained_seqs"] == 0 and ctx.state["queue"] == []
         repairs = seen["repairs"]
         assert stats["repair_roots"] == 2 and [s["task_idx"] for s in repairs] == [0] * 4 + [1] * 4
         for i in (0, 1):     # the root: the task's first attempt failing the hidden tests and a visible example
@@ -221,21 +229,19 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         # a repair that resubmits its root (up to trailing whitespace) is marked and counted in
         # repair_repeat_rate; it scores as the failure it is, so a group of failed repairs has no signal
         seen["resubmit"] = True
-        resub = rl_metrics.new_stats(args)
-        failed = rollouts.sample_round(ctx, ts, [0, 1, 2], 0, resub)
+        resub, failed = one_round()
         assert [s["repeat"] for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
         assert resub["repair_repeats"] == 2
-        resub["lr"], resub["trained_seqs"], resub["grad_norm"], resub["moe"] = 0.0, 0, 0.0, {}   # no update
         rl_metrics.record(ctx, 0, resub, tqdm(disable=True))
         with open(ctx.metrics_path) as f:
             assert json.loads(f.read().splitlines()[-1])["repair_repeat_rate"] == 0.25
         assert [len(g) for g in failed] == [4, 4] and not any(x.get("repair") for g in failed for x in g)
         seen["resubmit"] = False
-        # rl_step trains on the groups the sampling half hands it, on-policy
-        with monkeypatch.context() as m:
-            m.setattr(rollouts, "sample_groups", lambda ctx, step, stats: groups)
-            s = train_rl.rl_step(ctx, 0)
-        assert s["trained_seqs"] == 16 and s["mismatch_e0"] / s["tokens_e0"] < 1e-3
+        # rl_step trains on the groups of the first round (queued: nothing is sampled), on-policy
+        ctx.state["queue"] = groups
+        s = train_rl.rl_step(ctx, 0)
+        assert s["trained_seqs"] == 16 and s["rounds"] == 0 and s["mismatch_e0"] / s["tokens_e0"] < 1e-3
+        ctx.per_rank = 2
         # a step needs 2 groups (--batch-tasks 2): its two tasks give four, two wait in the queue, and the
         # next step trains on those alone, sampling nothing
         first = train_rl.rl_step(ctx, 0)

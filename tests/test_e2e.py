@@ -31,17 +31,18 @@ def test_run_sh_smoke_end_to_end(tmp_path):
     env = dict(os.environ, PRESET="smoke", OUT=str(out))
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    for rel in ["pretrain/ckpt.pt", "pretrain/metrics.jsonl", "pretrain/tokenizer.json", "rl/ckpt.pt",
+    for rel in ["pretrain/ckpt.pt", "pretrain/metrics.jsonl", "pretrain/tokenizer.json", "mtp/ckpt.pt", "mtp.log", "rl/ckpt.pt",
                 "rl/metrics.jsonl", "eval/eval.md", "eval/eval.json", "pretrain.log", "rl.log", "eval.log",
                 "eval/pretrain.png", "eval/rl.png", "eval/rl_time.png"]:
         assert (out / rel).is_file() and (out / rel).stat().st_size > 0, rel
-    summaries = {s: json.loads((out / f"{s}.json").read_text()) for s in ("pretrain", "rl", "eval")}
+    summaries = {s: json.loads((out / f"{s}.json").read_text()) for s in ("pretrain", "mtp", "rl", "eval")}
     for stage, summary in summaries.items():
         numbers = list(finite_numbers(summary))
         assert numbers, stage
         bad = [(k, v) for k, v in numbers if not math.isfinite(v)]
         assert not bad, (stage, bad)
     assert summaries["pretrain"]["val_bpb"] > 0
+    assert summaries["mtp"]["ckpt"] == str(out / "mtp" / "ckpt.pt") and 0 <= summaries["mtp"]["mtp_top1_agreement"][0] <= 1
     for key in ("pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after"):
         assert 0.0 <= summaries["rl"][key] <= 1.0, key
     for line in (out / "rl" / "metrics.jsonl").read_text().splitlines():

@@ -382,6 +382,7 @@ def _ddp_worker(rank, world, tmp):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow   # DDP: two processes
 def test_ddp_global_loads_and_bias_all_reduced(tmp_path):
     torch.multiprocessing.spawn(_ddp_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
     r = [torch.load(tmp_path / f"rank{i}.pt", weights_only=True) for i in range(2)]
@@ -472,6 +473,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
         assert a["tokens"] == greedy_by_full_forward(model, whole, 4)
 
 
+@pytest.mark.slow   # a torch.compile of the decode step
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
     """engine.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
