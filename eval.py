@@ -195,7 +195,7 @@ def episode_figures(tasks, episodes, turns):
     episode's own rule without feedback (resample_pass)."""
     out = {}
     for sl in ("", "near", "novel"):
-        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as rl_metrics.held_out's curve
+        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as train_rl.held_out's curve
                and (not sl or tasks[e["task_idx"]].slice == sl)]
         if not eps:
             continue

@@ -244,7 +244,7 @@ def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
 
 def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
-    distribution generation sampled from (model.generate's logprobs; T = 0 is greedy: plain
+    distribution generation sampled from (engine.generate's logprobs; T = 0 is greedy: plain
     softmax), and the policy's entropy there. Only the positions that predict a target go through
     the LM head and the softmax: no other position's logits enter the loss.
     valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.
