@@ -79,6 +79,7 @@ def test_smoke_run_end_to_end(smoke):
     assert Tokenizer.from_dict(ckpt["tokenizer"]).fingerprint() == Tokenizer.load(out / "tokenizer.json").fingerprint()
 
 
+@pytest.mark.slow   # end to end: a run, stopped, resumed
 def test_resume_is_exact_and_keeps_the_runs_arguments(tmp_path, cache):
     straight, cut = tmp_path / "straight", tmp_path / "cut"
     s0, _ = run(straight, cache, "--lr", "2e-3")

@@ -403,6 +403,7 @@ def test_smoke_run_end_to_end(tiny_ckpt, tmp_path):
     common.load_checkpoint(s["ckpt"])              # loadable by eval.py and friends
 
 
+@pytest.mark.slow   # end to end: a run, stopped, resumed
 def test_resume_is_exact(tiny_ckpt, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--prefilter", "2"] + SIGNAL
