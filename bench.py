@@ -487,7 +487,8 @@ common.cleanup_ddp()
 
 
 def gpu_check_kernels(cuda):
-    """The device, bf16, and which fused attention backends run a causal bf16 SDPA here."""
+    """The device, bf16, which fused attention backends run a causal bf16 SDPA here, and whether a
+    masked grouped-query one (packed RL rows) runs without the math backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
@@ -501,12 +502,42 @@ def gpu_check_kernels(cuda):
             out[f"sdpa_{name}"] = True
         except RuntimeError:
             out[f"sdpa_{name}"] = False
-    out["ok"] = out["sdpa_math"] and (not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"])))
+    # a masked grouped-query call as packed RL rows make it (rl/algo.block_mask), through model.attend
+    # as Attention takes it: on CUDA it must run without the math backend
+    from model import attend
+    kv, mask = q[:, :4], torch.ones(512, 512, dtype=torch.bool, device=dev).tril().expand(4, 1, 512, 512)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            attend(q, kv, kv, mask, False, cuda)
+        out["sdpa_masked_gqa_fused"] = True
+    except RuntimeError:
+        out["sdpa_masked_gqa_fused"] = False
+    out["ok"] = out["sdpa_math"] and (not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"])
+                                                   and out["sdpa_masked_gqa_fused"]))
     return out
 
 
+def host_syncs_per_token(model, prompts, device, n_new=33):
+    """GPU synchronisations per decode step of engine.generate_streams (torch.cuda.set_sync_debug_mode
+    warns at each): n_new tokens against one, no stop id; engine.SYNC_FREE reads every DONE_EVERY tokens."""
+    import warnings
+    from infra import engine
+    counts = []
+    for n in (1, n_new):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.generate_streams(model, prompts, n, temperature=1.0, generator=torch.Generator(device).manual_seed(0))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(w.message) for w in seen))
+    return (counts[1] - counts[0]) / (n_new - 1)
+
+
 def gpu_check_generate(ckpt, cuda):
-    """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced)."""
+    """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced),
+    and on a GPU the host synchronisations per generated token (goal: under one, issue 38)."""
     from infra import common, engine
     import env
     from data.tasks import generate_tasks
@@ -526,7 +557,9 @@ def gpu_check_generate(ckpt, cuda):
             torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     n = sum(len(o["tokens"]) for o in outs)
-    return {"rows": rows, "new_tokens": n, "tokens_per_s": n / dt, "ok": n > 0}
+    syncs = host_syncs_per_token(model, prompts, device) if cuda else None
+    return {"rows": rows, "new_tokens": n, "tokens_per_s": n / dt, "host_syncs_per_token": syncs,
+            "ok": n > 0 and (syncs is None or syncs < 1)}
 
 
 def gpu_check(out_dir):
@@ -560,7 +593,7 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
         keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch")
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token")
         results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
     if "collectives" in results and results["collectives"]["ok"]:

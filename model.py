@@ -80,6 +80,10 @@ def apply_rope(x, cos, sin):
 
 
 class Attention(nn.Module):
+    # "auto" | "native" | "matched": how grouped-query heads meet a mask (see attend). auto: matched
+    # on CUDA when a mask is given. Like MoE.dispatch, a class attribute that changes speed only.
+    gqa = "auto"
+
     def __init__(self, cfg, layer_idx):
         super().__init__()
         self.layer_idx, self.n_head, self.n_kv_head = layer_idx, cfg.n_head, cfg.n_kv_head
@@ -107,8 +111,27 @@ class Attention(nn.Module):
         # padding attends to the whole cache, so no mask at all. (T > 1 is tested first: for T = 1 the
         # comparison of T with the cache length, a symbolic bool under torch.compile, never runs.)
         causal = mask is None and T > 1 and T == k.size(2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        matched = self.gqa == "matched" or (self.gqa == "auto" and q.is_cuda and mask is not None)
+        y = attend(q, k, v, mask, causal, matched)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def attend(q, k, v, mask, causal, matched):
+    """F.scaled_dot_product_attention, grouped-query: q (B, H, T, D), k and v (B, H_kv, S, D).
+    matched=False: enable_gqa. With a mask on CUDA that falls to the math backend (flash takes no
+    mask, memory-efficient attention no enable_gqa), which writes out (B, H, T, S) scores: packed RL
+    rows (rl/algo.block_mask) and left-padded decoding. matched=True brings the heads to one count
+    first, so that memory-efficient attention takes the call: one query token (a decode step) folds
+    its H / H_kv query heads into the query length, one mask row serving all of them, at no copy;
+    longer queries repeat each key/value head for its query heads."""
+    if not matched or q.size(1) == k.size(1):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    B, H, T, D = q.shape
+    G = H // k.size(1)
+    if T == 1:
+        return F.scaled_dot_product_attention(q.reshape(B, -1, G, D), k, v, attn_mask=mask).view(B, H, 1, D)
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +164,9 @@ def expert_matmul(x, w, counts, grouped):
 class MoE(nn.Module):
     # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM where supported (CPU, bf16
     # CUDA), else sorted slices; dense under torch.compile on CPU. A class attribute, not config: it
-    # changes speed, never results beyond float rounding (tests flip it).
+    # changes speed, never results beyond float rounding (tests flip it). GPU decoding runs under bf16
+    # autocast (engine.generate_streams), so it takes grouped, which never syncs with the host; sorted
+    # reads the group sizes on the host (fp32 CUDA).
     dispatch = "auto"
 
     def __init__(self, cfg):
@@ -203,9 +228,10 @@ class MoE(nn.Module):
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # experts in bf16
         grouped = self.dispatch == "grouped" or (self.dispatch == "auto" and HAS_GROUPED_MM
                                                  and (not x.is_cuda or dt == torch.bfloat16))
-        flat = topi.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.E)
+        ids, order = topi.flatten().sort(stable=True)
+        # tokens per expert from the sorted ids, on the device: torch.bincount reads its input's max
+        # on the host, a GPU sync per layer and decode step; grouped_mm takes these as device offsets
+        counts = torch.searchsorted(ids, torch.arange(self.E + 1, device=ids.device)).diff()
         a, b = expert_matmul(x[order // k].to(dt), self.w1.to(dt), counts, grouped).chunk(2, -1)
         out = expert_matmul(F.silu(a) * b, self.w2.to(dt), counts, grouped)
         out = out * gates.flatten()[order, None].to(dt)

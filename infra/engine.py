@@ -41,6 +41,19 @@ _COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (
 # generate_streams decodes with generate_speculative where the model has MTP modules (agent.py sets it;
 # calls that want routes still take generate: the drafts' routes are not recorded).
 SPECULATIVE = False
+# Host reads in the decode loop. On a GPU every read of a device value (.item(), bool(.any()), a
+# shape that depends on data) waits for the queued kernels, so a loop that reads once per token runs
+# at the speed of its round trips, not of the GPU. SYNC_FREE decodes without them: finished rows
+# are a device mask that generate reads every DONE_EVERY tokens (to stop, or to retire rows), sampling
+# never asks the host, and the MoE sizes its expert groups on the device (model.MoE.experts). None:
+# on GPU only. On CPU a read is free and retiring finished rows at once saves compute, so CPU decoding
+# reads every token, as it always did (same samples: the rows a step draws for depend on retiring).
+SYNC_FREE = None
+DONE_EVERY = 16
+
+
+def sync_free(device):
+    return device.type != "cpu" if SYNC_FREE is None else SYNC_FREE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,7 +180,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     dropped from the batch and the cache (in bulk, once >= 1/8 of the rows are done, to amortise the
     copy), so they stop costing compute. Per-step bookkeeping is a few tensor ops into preallocated
     (rows, max_new_tokens) buffers, with no Python loop over rows, so its cost does not grow with the
-    batch.
+    batch. On GPU (SYNC_FREE) the loop never waits for the device: finished rows are a device mask
+    read every DONE_EVERY tokens (stop, retire); rows done in between run on, their junk cut off.
 
     Multi-turn episodes (agent.py) continue rows instead of re-reading them: return_past=True adds
     "past" to each output, the keys/values of every token the row fed (its past, prompt and
@@ -194,6 +208,9 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     # (left-padded prompt, then generated tokens) in column c - A. Rows that finished but were not
     # yet retired keep writing junk past their end; n_out cuts it off.
     B, dev = len(prompts), logits.device
+    every = DONE_EVERY if sync_free(dev) else 1     # read the finished rows every `every` tokens
+    if generator is not None and generator.device != dev:   # a CPU generator would copy each draw in
+        generator = torch.Generator(dev).manual_seed(int(torch.randint(2 ** 62, (1,), generator=generator)))
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     logprobs = torch.zeros(B, max_new_tokens, device=dev)
     n_out = torch.full((B,), max_new_tokens, device=dev)
@@ -212,13 +229,15 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     for t in range(max_new_tokens):
         tok, lp = sample(logits, temperature, top_k, top_p, generator)
         tokens[alive, t], logprobs[alive, t] = tok, lp
-        hit = torch.isin(tok, stop) & ~done
+        hit = (tok[:, None] == stop).any(-1) & ~done
         n_out[alive] = torch.where(hit, t + 1, n_out[alive])
         done |= hit
-        n_done = int(done.sum())
-        if n_done == len(alive) or t == max_new_tokens - 1:
+        if t == max_new_tokens - 1:
             break
-        if 8 * n_done >= len(alive):   # retire finished rows
+        n_done = int(done.sum()) if (t + 1) % every == 0 else 0
+        if n_done == len(alive):
+            break
+        if n_done and 8 * n_done >= len(alive):   # retire finished rows
             if return_past:
                 for j in done.nonzero().squeeze(1).tolist():
                     keep_past(j)
@@ -275,8 +294,9 @@ def draw(probs, generator=None):
     cdf = probs.cumsum(-1)
     u = torch.rand(probs.size(0), 1, generator=generator, device=generator.device if generator else probs.device)
     tok = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
-    if (tok >= probs.size(-1)).any():   # float rounding at the very top of the cdf
-        tok = torch.where(tok >= probs.size(-1), probs.argmax(-1), tok)
+    over = tok >= probs.size(-1)     # float rounding at the very top of the cdf: rare
+    if sync_free(probs.device) or over.any():   # (the argmax costs more than the check on CPU)
+        tok = torch.where(over, probs.argmax(-1), tok)
     return tok
 
 
@@ -512,7 +532,8 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     shared). The samples depend on the number of streams, as they depend on the batch; each row's
     distribution does not. Same arguments and outputs as generate. One stream (plain generate
     with the caller's generator) on GPU and under 16 rows per stream. With SPECULATIVE set and a model
-    with MTP modules, each share runs generate_speculative instead (unless routes are asked for)."""
+    with MTP modules, each share runs generate_speculative instead (unless routes are asked for).
+    On GPU under bf16 autocast (common.autocast; model.py keeps the router in fp32), as training runs."""
     prompts = as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
     fn = generate
@@ -527,11 +548,11 @@ def generate_streams(model, prompts, max_new_tokens, streams=None, generator=Non
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
     if len(bounds) <= 2 or max_new_tokens <= 0:
-        with cpu_threads(THREADS if cpu else 0):
+        with cpu_threads(THREADS if cpu else 0), common.autocast(next(model.parameters()).device):
             return fn(model, prompts, max_new_tokens, generator=generator, past=past, **kw)
     seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
 
-    def share(i):
+    def share(i):   # several streams on CPU only, where common.autocast is a no-op
         a, b = bounds[i], bounds[i + 1]
         g = torch.Generator().manual_seed(seeds[i])
         return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)

@@ -551,3 +551,144 @@ def test_compiled_decode_falls_back_to_eager(monkeypatch):
         fast = run()
     assert fast == eager and engine._COMPILED["trunk"] is False
     assert run() == eager
+
+
+def host_reads(monkeypatch):
+    """Counts the reads of tensor values into Python (each one a wait for the device on a GPU):
+    .item(), .tolist(), bool(), int(), float(), use as an index, .nonzero() (its shape is the
+    data), torch.bincount (it reads its input's max). A list that grows by one name per read."""
+    seen = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        def counted(self, *a, _f=getattr(torch.Tensor, name), _n=name, **kw):
+            seen.append(_n)
+            return _f(self, *a, **kw)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    monkeypatch.setattr(torch, "bincount", lambda *a, _f=torch.bincount, **kw: seen.append("bincount") or _f(*a, **kw))
+    return seen
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "grouped", "dense"])
+def test_sync_free_decode_reads_the_host_every_few_tokens(monkeypatch, dispatch):
+    """engine.SYNC_FREE (GPU decoding, forced here on CPU): the decode loop reads nothing from the
+    device per token, only the finished rows every DONE_EVERY tokens: 48 more tokens add 3 looks, at
+    most 2 reads each (their count; the rows to keep, where rows retire), for any MoE dispatch that
+    keeps group sizes on the device. The CPU loop reads every token (the check that the count sees
+    them), and MoE 'sorted' reads the group sizes."""
+    MoE.dispatch = dispatch
+    monkeypatch.setattr(engine, "DONE_EVERY", 16)
+    model, prompts = tiny(), [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 3      # padded: a masked decode step
+    extra = {}
+    for free in (True, False):
+        monkeypatch.setattr(engine, "SYNC_FREE", free)
+        counts = []
+        for n in (17, 65):
+            with monkeypatch.context() as m:
+                seen = host_reads(m)
+                engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], return_routes=True,
+                                generator=torch.Generator().manual_seed(0))
+            counts.append(len(seen))
+        extra[free] = counts[1] - counts[0]
+    assert extra[True] <= 6 and extra[False] >= 48, extra
+    if dispatch == "auto":
+        monkeypatch.setattr(engine, "SYNC_FREE", True)
+        MoE.dispatch = "sorted"
+        with monkeypatch.context() as m:
+            seen = host_reads(m)
+            engine.generate(model, prompts, 8, temperature=1.0)
+        assert seen.count("tolist") >= 7 * model.n_moe_layers
+
+
+def test_sync_free_decode_samples_what_generate_does(monkeypatch):
+    """SYNC_FREE changes when finished rows are seen, not what rows sample: greedy, rows that stop at
+    different steps get the same tokens, routes and pasts, log-probs within float rounding (they
+    retire later, in other batches); sampled without a stop (no row retires either way), the same
+    tokens; and a CPU generator for a model elsewhere is turned into one on the model's device."""
+    model = tiny()
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3
+    runs = {}
+    for free in (False, True):
+        monkeypatch.setattr(engine, "SYNC_FREE", free)
+        monkeypatch.setattr(engine, "DONE_EVERY", 4)
+        runs[free] = (engine.generate(model, prompts, 11, temperature=0, stop_ids=[5, 46, 34], return_routes=True,
+                                      return_past=True),
+                      engine.generate_streams(model, prompts * 2, 9, temperature=1.0, top_p=0.9, return_routes=True,
+                                              generator=torch.Generator().manual_seed(4)))
+    assert {len(o["tokens"]) for o in runs[False][0]} == {2, 4, 6}      # rows stopped at several steps
+    for a, b in zip(runs[False][0], runs[True][0]):
+        assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), rtol=0, atol=1e-5)
+        torch.testing.assert_close(a["past"], b["past"], rtol=0, atol=1e-5)
+    for a, b in zip(runs[False][1], runs[True][1]):
+        assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"] and torch.equal(a["routes"], b["routes"])
+    made = []
+    real = torch.Generator
+
+    class Elsewhere:   # a generator on another device than the model's
+        device = torch.device("meta")
+
+        def __init__(self, *a):
+            pass
+    monkeypatch.setattr(torch, "randint", lambda *a, generator=None, **kw: torch.tensor([5]))
+    monkeypatch.setattr(torch, "Generator", lambda dev: made.append(dev) or real(dev))
+    out = engine.generate(model, prompts[:2], 3, temperature=1.0, generator=Elsewhere())
+    assert made == [torch.device("cpu")] and len(out[0]["tokens"]) == 3
+
+
+@pytest.mark.parametrize("n_head,n_kv_head", [(4, 2), (8, 2), (4, 1)])
+def test_matched_heads_attention_equals_enable_gqa(n_head, n_kv_head):
+    """Attention.gqa 'matched' (CUDA with a mask: the key/value heads brought to the query heads'
+    count, so that a fused SDPA backend takes the masked call) computes what enable_gqa does: packed
+    RL rows (rl/algo.block_mask, T > 1), and left-padded decoding (one query token, heads folded)."""
+    from rl.algo import token_logprobs
+    model = tiny(n_head=n_head, n_kv_head=n_kv_head)
+    idx = torch.randint(0, 61, (2, 30), generator=torch.Generator().manual_seed(0))
+    seg = torch.tensor([[0] * 8 + [1] * 10 + [2] * 12, [0] * 12 + [1] * 9 + [-1] * 9])
+    pos = torch.cat([torch.arange(8), torch.arange(8, 18), torch.arange(8, 20)])[None].repeat(2, 1)
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 2
+    out = {}
+    try:
+        for mode in ("native", "matched"):
+            M.Attention.gqa = mode
+            with torch.no_grad():
+                lp, _ = token_logprobs(model, idx, idx, None, 1.0, pos=pos, seg=seg)
+            out[mode] = lp, engine.generate(model, prompts, 8, temperature=0, return_routes=True)
+    finally:
+        M.Attention.gqa = "auto"
+    torch.testing.assert_close(out["native"][0], out["matched"][0], rtol=0, atol=1e-5)
+    for a, b in zip(out["native"][1], out["matched"][1]):
+        assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
+        torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b["logprobs"]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention_is_fused():
+    """On a GPU (bf16 autocast, as generate_streams decodes): 48 more tokens of a padded batch cost at
+    most 3 more synchronisations (torch.cuda.set_sync_debug_mode counts them), and a masked GQA
+    attention (packed RL rows, a padded decode step) runs with the math backend turned off."""
+    import warnings
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    model = tiny().cuda()
+    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 8
+    counts = []
+    for n in (17, 65):
+        g = torch.Generator("cuda").manual_seed(0)
+        with warnings.catch_warnings(record=True) as seen, torch.autocast("cuda", dtype=torch.bfloat16):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(w.message) for w in seen))
+    assert counts[1] - counts[0] <= 3, counts
+    x = torch.randn(3, 40, 32, device="cuda", dtype=torch.bfloat16)
+    seg = torch.tensor([[0] * 10 + [1] * 15 + [2] * 15] * 3, device="cuda")
+    from rl.algo import block_mask
+    cos, sin = model.rope(torch.arange(40, device="cuda")[None])
+    attn = model.blocks[0].attn.to(torch.bfloat16)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]), torch.no_grad():
+        attn(x, cos, sin, mask=block_mask(seg))
+        cache = engine.KVCache(model.config.n_layer, 41)
+        attn(x, cos, sin, cache, block_mask(seg))
+        cache.pos = 40
+        attn(x[:, :1], cos[:, :, :1], sin[:, :, :1], cache, (torch.arange(41, device="cuda") > 2).expand(3, 1, 1, 41))
