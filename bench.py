@@ -710,7 +710,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
 elif __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
-                        help=f"which benchmarks to run (default: all; rl and compiled only without --quick): {', '.join(PARTS)}")
+                        help=f"which benchmarks to run (default: all; rl and compiled only without --quick): "
+                             f"{', '.join(PARTS)}; the GPU check is its own command: bench.py gpu-check --help")
     parser.add_argument("--quick", action="store_true", help="shorter runs: the whole set in < 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py)")
