@@ -68,8 +68,12 @@ def show(task, episode, out=sys.stdout):
           f"({r.outcome}: {r.feedback}) ---", file=out)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default, as the other scripts' --help."""
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py or train_rl.py), required")
     p.add_argument("--prompt-file", default=None, help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")
@@ -79,7 +83,7 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, help="tokens per attempt")
     p.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
     p.add_argument("--no-speculative", action="store_true", help="decode plainly even if the checkpoint has "
-                   "MTP modules (train_mtp.py); speculative decoding samples the same distribution, faster")
+                   "MTP modules (train_mtp.py); speculative decoding samples the same distribution (its speed: docs/speculative.md)")
     args = common.parse_args(p, PRESETS, argv)
     if args.turns < 1 or args.max_new_tokens < 1:
         common.die("--turns and --max-new-tokens must be >= 1")
