@@ -168,6 +168,18 @@ def attention_mask(valid, at, T):
     return (col <= q) & valid[:, None, None, :at + T] | (col == q)
 
 
+def retire(done, cache, keep_past, *rows):
+    """Drop the finished rows from the batch and the cache, so they stop costing compute (in bulk, once
+    enough are done, to amortise the copy): keep_past(j) saves row j's keys/values first (multi-turn
+    pasts; None: not kept). Returns each of `rows` (tensors, batch first) without the finished rows."""
+    if keep_past is not None:
+        for j in done.nonzero().squeeze(1).tolist():
+            keep_past(j)
+    keep = (~done).nonzero().squeeze(1)
+    cache.select(keep)
+    return [x[keep] for x in rows]
+
+
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
              generator=None, return_routes=False, past=None, return_past=False, trunk=None) -> list[dict]:
@@ -238,12 +250,8 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         if n_done == len(alive):
             break
         if n_done and 8 * n_done >= len(alive):   # retire finished rows
-            if return_past:
-                for j in done.nonzero().squeeze(1).tolist():
-                    keep_past(j)
-            keep = (~done).nonzero().squeeze(1)
-            cache.select(keep)
-            tok, valid, pos, alive, done = tok[keep], valid[keep], pos[keep], alive[keep], done[keep]
+            tok, valid, pos, alive, done = retire(done, cache, keep_past if return_past else None,
+                                                  tok, valid, pos, alive, done)
         mask = valid[:, None, None, :cache.pos + 1] if padded else None
         h, chosen = trunk(tok[:, None], pos[:, None], cache, mask)
         cache.pos += 1
@@ -374,13 +382,10 @@ def generate_speculative(model, prompts, max_new_tokens, temperature=1.0, top_k=
         if n_done == len(alive):
             break
         if 8 * n_done >= len(alive):   # retire finished rows
-            if return_past:
-                for j in done.nonzero().squeeze(1).tolist():
-                    keep_past(j)
-            keep = (~done).nonzero().squeeze(1)
-            cache.select(keep)
-            new, drafts, valid, pos, alive, done = new[keep], drafts[keep], valid[keep], pos[keep], alive[keep], done[keep]
-            q, carry = q[keep] if q is not None else None, [c[keep] for c in carry]
+            keep = ~done
+            new, drafts, valid, pos, alive, done, *carry = retire(done, cache, keep_past if return_past else None,
+                                                                  new, drafts, valid, pos, alive, done, *carry)
+            q = q[keep.nonzero().squeeze(1)] if q is not None else None
         # one trunk forward checks the drafts: the last token, then the drafts, from the pointer on
         at, x = cache.pos, torch.cat([new[:, -1:], drafts], 1)
         h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, attention_mask(valid, at, D + 1))
