@@ -83,17 +83,9 @@ def pretraining_data(args, ckpt):
                    "(the cache directory of the train_pretrain.py run that made --init-from)")
     arrays = corpus.open_caches(prep)
     spec = args.mix or ckpt.get("args", {}).get("mix") or ",".join(f"{k.split('/')[0]}=1" for k in prep["paths"])
-    mix = {}
-    for part in filter(None, spec.split(",")):
-        name, _, w = part.partition("=")
-        if f"{name}/train" not in arrays:
-            common.die(f"--mix: no source {name!r} in the pretraining caches ({', '.join(sorted(arrays))})")
-        try:
-            w = float(w)
-        except ValueError:
-            common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
-        if w > 0 and len(arrays[f"{name}/train"]) > args.seq_len:
-            mix[name] = w
+    sources = sorted(k.split("/")[0] for k in arrays if k.endswith("/train"))   # what the caches hold
+    mix = {name: w for name, w in corpus.parse_mix(spec, sources).items()
+           if w > 0 and len(arrays[f"{name}/train"]) > args.seq_len}
     if not mix:
         common.die(f"--mix {spec!r}: no source with weight > 0 and more than --seq-len tokens")
     return arrays, mix

@@ -49,17 +49,7 @@ def parse_sources(specs, mix_spec):
         if not os.path.exists(path):
             common.die(f"--data {spec!r}: no such file or directory {path!r}")
         user_data[name] = path
-    mix = {}
-    for part in filter(None, mix_spec.split(",")):
-        name, _, w = (x.strip() for x in part.partition("="))
-        try:
-            mix[name] = float(w)
-        except ValueError:
-            common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
-        if name not in (*BUILT_IN, *user_data):
-            common.die(f"--mix: unknown source {name!r} (known: {', '.join([*BUILT_IN, *user_data])})")
-        if not 0 <= mix[name] < math.inf:
-            common.die(f"--mix: the weight of {name!r} must be a finite number >= 0")
+    mix = parse_mix(mix_spec, [*BUILT_IN, *user_data])
     for name in user_data:
         if mix.get(name, 0) <= 0:
             common.die(f"--data source {name!r} has no weight in --mix (e.g. --mix {mix_spec},{name}=0.3)")
@@ -67,6 +57,23 @@ def parse_sources(specs, mix_spec):
     if not mix:
         common.die("--mix: all weights are zero")
     return user_data, mix
+
+
+def parse_mix(mix_spec, known):
+    """--mix NAME=W,... -> {name: weight} (zeros kept); a one-line error for a malformed entry, a name
+    not in `known`, or a weight that is not a finite number >= 0."""
+    mix = {}
+    for part in filter(None, mix_spec.split(",")):
+        name, _, w = (x.strip() for x in part.partition("="))
+        try:
+            mix[name] = float(w)
+        except ValueError:
+            common.die(f"--mix: bad entry {part!r} (want NAME=WEIGHT)")
+        if name not in known:
+            common.die(f"--mix: unknown source {name!r} (known: {', '.join(known)})")
+        if not 0 <= mix[name] < math.inf:
+            common.die(f"--mix: the weight of {name!r} must be a finite number >= 0")
+    return mix
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +282,17 @@ def to_bits_per_byte(nats, n_bytes):
 
 
 @torch.no_grad()
+def token_stream(tok, texts_or_tokens, limit=None):
+    """Held-out documents (strings or lists of token ids) joined as [eot] doc1 [eot] doc2 ..., cut to
+    its first `limit` tokens (None: all of them)."""
+    stream = []
+    for d in texts_or_tokens:
+        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
+        if limit is not None and len(stream) >= limit:
+            return stream[:limit]
+    return stream
+
+
 def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     """(sum of -log p(token) in nats, UTF-8 bytes of those tokens) over held-out documents, joined
     as [eot] doc1 [eot] doc2 ... and cut into windows of seq_len that overlap by one token, so every
@@ -283,12 +301,7 @@ def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     of the stream."""
     device = next(model.parameters()).device
     T = model.config.seq_len
-    stream = []
-    for d in texts_or_tokens:
-        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
-        if max_tokens is not None and len(stream) > max_tokens:
-            stream = stream[:max_tokens + 1]
-            break
+    stream = token_stream(tok, texts_or_tokens, None if max_tokens is None else max_tokens + 1)
     nbytes = token_bytes(tok, device)
     starts = list(range(0, len(stream) - 1, T))
     nats, n_bytes, was_training = 0.0, 0, model.training
@@ -331,12 +344,7 @@ def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     zeros). At temperature 0 it is the share of drafts speculative decoding keeps (when the drafts
     before them were kept). Accepts strings or lists of token ids."""
     device, T = next(model.parameters()).device, model.config.seq_len
-    stream = []
-    for d in texts_or_tokens:
-        stream += [tok.eot_id] + (tok.encode(d) if isinstance(d, str) else list(d))
-        if max_tokens is not None and len(stream) >= max_tokens:
-            stream = stream[:max_tokens]
-            break
+    stream = token_stream(tok, texts_or_tokens, max_tokens)
     n = max(1, len(stream) // T)
     x = torch.tensor(stream[:n * T] if len(stream) >= T else stream, device=device).view(n, -1)
     agree, was_training = torch.zeros(len(model.mtp), device=device), model.training

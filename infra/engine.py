@@ -578,7 +578,6 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
     routes when requested.
     on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it).
     prompts: token ids per task to continue instead of its rendered prompt (a repair's context)."""
-    device = next(model.parameters()).device
     if prompts is None:
         prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
     elif len(prompts) != len(tasks):
@@ -592,11 +591,9 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
         for s in tqdm(range(0, len(rows), batch_size), desc="sampling", disable=not progress,
                       leave=False):
             idx = rows[s:s + batch_size]
-            with common.autocast(device):
-                gens = generate_streams(model, [prompts[i] for i in idx], max_new_tokens,
-                                               temperature=temperature, top_k=top_k, top_p=top_p,
-                                               stop_ids=[tok.eot_id], generator=generator,
-                                               return_routes=return_routes)
+            gens = generate_streams(model, [prompts[i] for i in idx], max_new_tokens,       # autocast inside
+                                    temperature=temperature, top_k=top_k, top_p=top_p,
+                                    stop_ids=[tok.eot_id], generator=generator, return_routes=return_routes)
             batch = [as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
             if on_batch is not None:
                 on_batch(batch)
@@ -620,7 +617,6 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
     text appended after it, "" for the last, and "visible_passed": the verdict of the docstring's
     examples, None where they were not run), "results": the hidden-test Result of each attempt,
     "result": the last one, or the sandbox_error of a visible-example run that failed}."""
-    device = next(model.parameters()).device
     prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
     visible = [env.visible_task(t) for t in tasks]
     rows = [i for i in range(len(tasks)) for _ in range(n)]
@@ -635,12 +631,11 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                 live, more = sorted(feeds), turn < turns - 1
                 if not live:
                     break
-                with common.autocast(device):
-                    gens = generate_streams(model, [feeds[j] for j in live], max_new_tokens,
-                                                   temperature=temperature, top_k=top_k, top_p=top_p,
-                                                   stop_ids=[tok.eot_id], generator=generator,
-                                                   return_routes=return_routes, return_past=more,
-                                                   past=[pasts[j] for j in live] if turn else None)
+                gens = generate_streams(model, [feeds[j] for j in live], max_new_tokens,   # autocast inside
+                                        temperature=temperature, top_k=top_k, top_p=top_p,
+                                        stop_ids=[tok.eot_id], generator=generator,
+                                        return_routes=return_routes, return_past=more,
+                                        past=[pasts[j] for j in live] if turn else None)
                 samples = [as_sample(tok, g, chunk[j], feeds[j], turn == 0 and truncated[chunk[j]])
                            for j, g in zip(live, gens)]
                 hidden = pool.submit_batch([tasks[x["task_idx"]] for x in samples],
