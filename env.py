@@ -275,10 +275,11 @@ class SandboxPool:
     the child); chroot into a fresh tmpfs of its own, unmounted as a whole afterwards; stdin
     /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; per worker a network
     namespace (no network), a PID namespace (nothing outlives a killed worker) and an IPC namespace
-    in which no IPC object can be created. The worker
-    enforces the wall-clock timeout, SIGKILLs the process group and reaps it. Without root, only the
-    rlimits and the process-group kill apply (a warning says so once): run untrusted code as root in
-    a VM/container.
+    in which no IPC object can be created; and a seccomp filter that refuses socket() and IPC calls
+    (the wall that stays where a container forbids namespaces; as root with neither, the pool refuses
+    to start). The worker enforces the wall-clock timeout, SIGKILLs the process group and reaps it.
+    Without root, only the rlimits, the filter and the process-group kill apply (a warning says so
+    once): run untrusted code as root in a VM/container.
 
     The judge is never in the candidate's process. I/O tasks (the default for training): the child
     only sends back return values as exact builtin data; the expected outputs stay in this process,
@@ -289,6 +290,7 @@ class SandboxPool:
     """
     _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
     _namespaces = True  # tests only: False acts as a container that forbids namespaces (root, no unshare)
+    _seccomp = True     # tests only: False acts as a kernel without seccomp
 
     def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
                  output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
@@ -298,7 +300,7 @@ class SandboxPool:
                                 "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
                                 "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
                                 "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback,
-                                "namespaces": self._namespaces})
+                                "namespaces": self._namespaces, "seccomp": self._seccomp})
         self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
         self._procs = [self._spawn() for _ in range(self.workers)]
         self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
@@ -312,17 +314,30 @@ class SandboxPool:
         p = subprocess.Popen([sys.executable, "-I", "-S", _WORKER_PATH, self._cfg], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                              start_new_session=True)
-        p.info = self._recv(p, 30)["hello"]
+        p.info = i = self._recv(p, 30)["hello"]
         global _warned
-        self.isolation = p.info
+        self.isolation = i
+        if i["uid"] is not None and not (i["netns"] and i["ipcns"]) and not i["seccomp"]:
+            p.kill()
+            raise RuntimeError("sandbox: refusing to run candidates as root with neither namespaces nor seccomp "
+                               "(they would reach the network and IPC): allow unshare (e.g. docker --cap-add "
+                               "SYS_ADMIN), or run on Linux x86_64/aarch64 with seccomp, or use a VM")
+        # What a container that forbids namespaces (root, no unshare) keeps by other means: the seccomp
+        # filter closes network and IPC, _kill_uids does the PID namespace's work, chroot hides the
+        # host's files (a private /tmp matters only without it).
+        kept = {"netns": i["seccomp"], "ipcns": i["seccomp"], "pidns": i["uid"] is not None, "private_tmp": i["chroot"]}
         missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp", "tmpfs_per_run")
-                   if not p.info[k]]
+                   if not i[k] and not kept.get(k)]
         if missing and not _warned:
             _warned = True
-            fix = ("run as root on Linux" if p.info["uid"] is None else
-                   "the kernel or container forbids namespaces: allow unshare (e.g. docker --cap-add SYS_ADMIN) or use a VM")
-            warnings.warn(f"sandbox: degraded isolation, unavailable: {missing}; candidates may see files/network/IPC "
-                          f"of this user; {fix}", RuntimeWarning)
+            if i["uid"] is None:
+                msg = (f"degraded isolation, unavailable: {missing}; candidates may see files"
+                       f"{'' if i['seccomp'] else '/network/IPC'} of this user; run as root on Linux")
+            else:
+                msg = ("namespaces forbidden here: network and IPC closed by seccomp, stray processes killed by uid, "
+                       "files hidden by chroot, but a run's files are not size-capped in total (no per-run tmpfs); "
+                       "allow unshare (e.g. docker --cap-add SYS_ADMIN) for the full set")
+            warnings.warn("sandbox: " + msg, RuntimeWarning)
         return p
 
     @staticmethod

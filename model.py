@@ -163,11 +163,13 @@ def expert_matmul(x, w, counts, grouped):
 
 class MoE(nn.Module):
     # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM where supported (CPU, bf16
-    # CUDA), else sorted slices; dense under torch.compile on CPU. A class attribute, not config: it
-    # changes speed, never results beyond float rounding (tests flip it). GPU decoding runs under bf16
-    # autocast (engine.generate_streams), so it takes grouped, which never syncs with the host; sorted
-    # reads the group sizes on the host (fp32 CUDA).
+    # CUDA), else sorted slices; dense under torch.compile on CPU, and for a small no-grad batch in
+    # fp32 on CUDA (a decode step outside autocast), since sorted reads the group sizes on the host,
+    # a sync per layer and token. A class attribute, not config: it changes speed, never results
+    # beyond float rounding (tests flip it). GPU decoding runs under bf16 autocast
+    # (engine.generate_streams), so it takes grouped, which never syncs with the host.
     dispatch = "auto"
+    DENSE_ROWS = 1024   # fp32 CUDA no-grad batches up to this many tokens go dense (E/k x FLOPs, no sync)
 
     def __init__(self, cfg):
         super().__init__()
@@ -228,6 +230,9 @@ class MoE(nn.Module):
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # experts in bf16
         grouped = self.dispatch == "grouped" or (self.dispatch == "auto" and HAS_GROUPED_MM
                                                  and (not x.is_cuda or dt == torch.bfloat16))
+        if (self.dispatch == "auto" and x.is_cuda and not grouped and not torch.is_grad_enabled()
+                and N <= self.DENSE_ROWS):
+            return self.experts_dense(x.to(dt), topi, gates)
         ids, order = topi.flatten().sort(stable=True)
         # tokens per expert from the sorted ids, on the device: torch.bincount reads its input's max
         # on the host, a GPU sync per layer and decode step; grouped_mm takes these as device offsets

@@ -33,6 +33,12 @@ mount table, a UTS namespace, and an IPC namespace whose System V and POSIX-mque
 so no candidate can create an IPC object at all (nothing to outlive a run or carry answers).
 Without root none of the namespaces, mounts, chroot or uid drop apply (env.py warns once).
 
+Every worker also puts a seccomp filter on the zygote before exec (inherited by every child, never
+removable): socket(), System V and POSIX-mqueue IPC and io_uring fail with EPERM. With namespaces
+it is a second wall; where a container forbids them it is the wall (network and IPC), the pool kills
+stray processes by uid instead of by PID namespace, and chroot still hides the host's files. As
+root with neither, env.py refuses to start (docs/sandbox.md).
+
 The worker's own directory (TMPDIR/sandbox-PID) gets a private tmpfs mounted on it, in the worker's
 mount table only: the host sees an empty directory, and nothing written there outlives the worker.
 Not a private /tmp over the host's: the interpreter, a virtual environment or the checkout may
@@ -58,6 +64,12 @@ CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE, MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
 IPC_LIMITS = {"/proc/sys/kernel/shmmni": "0", "/proc/sys/kernel/msgmni": "0", "/proc/sys/kernel/sem": "0 0 0 0",
               "/proc/sys/fs/mqueue/queues_max": "0"}
+# The seccomp filter's refused system calls, by machine: (AUDIT_ARCH_*, {name: number}) from the
+# kernel's uapi headers (x86_64: arch/x86/entry/syscalls/syscall_64.tbl; aarch64: asm-generic/unistd.h).
+SECCOMP_CALLS = {"x86_64": (0xC000003E, {"socket": 41, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+                                         "io_uring_setup": 425}),
+                 "aarch64": (0xC00000B7, {"socket": 198, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+                                          "io_uring_setup": 425})}
 
 # ----------------------------------------------------------------------------- strict data codec
 
@@ -333,6 +345,15 @@ def probe(iso, base, fallback):
         os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
+def socket_refused():
+    """Whether the seccomp filter is in force here: socket() itself fails (with a network namespace
+    alone it succeeds and only connecting fails)."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
+        return False
+    except PermissionError:
+        return True
+
 def zygote(cfg, base, sock_fd):
     """Forks children on request; reads nothing but roles, directories, uids and fds."""
     sock = socket.socket(fileno=sock_fd)
@@ -343,7 +364,8 @@ def zygote(cfg, base, sock_fd):
             pass
     iso = {"uid": cfg["uid"]}
     code = probe(iso, base, cfg["fallback"])
-    iso.update(chroot=bool(code & 1), nproc=bool(code & 4), uid=iso["uid"] if code & 2 else None)
+    iso.update(chroot=bool(code & 1), nproc=bool(code & 4), uid=iso["uid"] if code & 2 else None,
+               seccomp=socket_refused())
     gc.collect()
     gc.freeze()                            # fewer copy-on-write faults in the children
     sock.send(json.dumps(iso).encode())
@@ -376,6 +398,38 @@ def zygote(cfg, base, sock_fd):
 
 # ----------------------------------------------------------------------------- supervisor
 
+def seccomp_filter():
+    """A function that puts the filter (SECCOMP_CALLS refused with EPERM, everything else allowed)
+    on the calling process, to call in the zygote's process just before its exec; None where this
+    machine has no entry or no ctypes. A classic BPF program over struct seccomp_data (nr at offset
+    0, arch at 4): another architecture's calls (int 0x80 on x86_64) and x32 numbers are refused too.
+    no_new_privs first: the kernel requires it of an unprivileged caller, and nothing here execs a
+    setuid program."""
+    arch, calls = SECCOMP_CALLS.get(os.uname().machine, (None, {}))
+    try:
+        import ctypes                      # only here: the zygote is a fresh exec, so no child can reach it
+        libc = ctypes.CDLL(None, use_errno=True)
+    except Exception:
+        return None
+    if arch is None:
+        return None
+    n, deny = len(calls), (0x06, 0, 0, 0x00050000 | errno.EPERM)   # BPF_RET|K, SECCOMP_RET_ERRNO
+    insns = [(0x20, 0, 0, 4), (0x15, 0, n + 3, arch),      # ld arch; jeq arch, else -> deny
+             (0x20, 0, 0, 0), (0x35, n + 1, 0, 0x40000000)]  # ld nr; jge x32 bit -> deny
+    insns += [(0x15, n - i, 0, nr) for i, nr in enumerate(calls.values())]   # jeq nr -> deny
+    insns += [(0x06, 0, 0, 0x7FFF0000), deny]              # SECCOMP_RET_ALLOW; the deny
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+    prog = Prog(len(insns), (Insn * len(insns))(*insns))
+    ulong = ctypes.c_ulong
+    def install():                         # PR_SET_NO_NEW_PRIVS = 38; PR_SET_SECCOMP = 22, MODE_FILTER = 2
+        if libc.prctl(38, ulong(1), ulong(0), ulong(0), ulong(0)) == 0:
+            libc.prctl(22, ulong(2), ctypes.byref(prog), ulong(0), ulong(0))
+    return install
+
+
 class Supervisor:
     """Namespaces, per-run filesystems and the watch over each run; talks to env.py and the zygote."""
 
@@ -394,6 +448,7 @@ class Supervisor:
         os.mkdir(self.judge_root, 0o555)
         self.null = os.open(os.devnull, os.O_RDWR)
         uid = cfg["uid_base"] + 2 * os.getpid() if privileged else None   # unique among live workers
+        install_filter = seccomp_filter() if cfg.get("seccomp", True) else None
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [sys.executable, "-I", "-S", "-c", source, json.dumps(dict(cfg, uid=uid)), "zygote",
                self.base, str(theirs.fileno())]
@@ -403,6 +458,8 @@ class Supervisor:
                 os.dup2(self.null, 0)
                 os.dup2(2, 1)
                 os.set_inheritable(theirs.fileno(), True)
+                if install_filter:         # the zygote reports whether it took (socket_refused)
+                    install_filter()
                 os.execv(sys.executable, cmd)
             except BaseException as e:     # say why on stderr: "zygote died" alone hides it
                 os.write(2, ("sandbox: cannot execute %s: %s\n" % (sys.executable, describe(e))).encode())

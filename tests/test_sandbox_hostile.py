@@ -409,6 +409,36 @@ def test_killed_worker_leaves_nothing(monkeypatch, namespaces):
             time.sleep(0.1)
         assert not [p for p in _procs() if p[2] in uids], "a candidate outlives its killed worker"
 
+_CONNECT = ("    import socket\n    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n    s.settimeout(1)\n"
+            "    s.connect(('127.0.0.1', {port}))\n    s.sendall(b'leak')\n    return x + 1\n")
+
+@pytest.mark.parametrize("namespaces,seccomp", [(True, False), (False, True)], ids=["netns_only", "seccomp_only"])
+def test_no_network_by_either_wall(monkeypatch, namespaces, seccomp):
+    """A listening socket on this host's loopback: a candidate reaches it through neither wall alone
+    (the network namespace has its own loopback; the seccomp filter refuses socket() itself)."""
+    import socket
+    if os.geteuid() != 0:
+        pytest.skip("namespaces need root")
+    monkeypatch.setattr(env.SandboxPool, "_namespaces", namespaces)
+    monkeypatch.setattr(env.SandboxPool, "_seccomp", seccomp)
+    monkeypatch.setattr(env, "_warned", True)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(0.5)
+        with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+            assert (pool.isolation["netns"], pool.isolation["seccomp"]) == (namespaces, seccomp), pool.isolation
+            r, = pool.run_batch([io_task()], [_CONNECT.format(port=server.getsockname()[1])])
+        assert r.outcome == "runtime_error" and r.reward == 0.0, r
+        with pytest.raises(TimeoutError):
+            server.accept()
+
+def test_refuses_root_without_namespaces_or_seccomp(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("the refusal is for root")
+    monkeypatch.setattr(env.SandboxPool, "_namespaces", False)
+    monkeypatch.setattr(env.SandboxPool, "_seccomp", False)
+    with pytest.raises(RuntimeError, match="refusing to run candidates as root with neither namespaces nor seccomp"):
+        env.SandboxPool(workers=1)
+
 def test_fallback_without_root(monkeypatch, tmp_path):
     """The no-root path (no namespaces, mounts, chroot or uid drop), taken here on purpose: benign
     programs only, since they run with this process's rights."""
