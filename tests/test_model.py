@@ -662,25 +662,27 @@ def test_matched_heads_attention_equals_enable_gqa(n_head, n_kv_head):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention_is_fused():
-    """On a GPU (bf16 autocast, as generate_streams decodes): 48 more tokens of a padded batch cost at
-    most 3 more synchronisations (torch.cuda.set_sync_debug_mode counts them), and a masked GQA
-    attention (packed RL rows, a padded decode step) runs with the math backend turned off."""
+    """On a GPU, in bf16 autocast (as generate_streams decodes) and in fp32 (MoE.DENSE_ROWS): 48 more
+    tokens of a padded batch cost at most 3 more synchronisations (torch.cuda.set_sync_debug_mode
+    counts them), and a masked GQA attention (packed RL rows, a padded decode step) runs with the
+    math backend turned off."""
     import warnings
     from torch.nn.attention import SDPBackend, sdpa_kernel
     model = tiny().cuda()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 8
-    counts = []
-    for n in (17, 65):
-        g = torch.Generator("cuda").manual_seed(0)
-        with warnings.catch_warnings(record=True) as seen, torch.autocast("cuda", dtype=torch.bfloat16):
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        counts.append(sum("synchroniz" in str(w.message) for w in seen))
-    assert counts[1] - counts[0] <= 3, counts
+    for bf16 in (True, False):
+        counts = []
+        for n in (17, 65):
+            g = torch.Generator("cuda").manual_seed(0)
+            with warnings.catch_warnings(record=True) as seen, torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            counts.append(sum("synchroniz" in str(w.message) for w in seen))
+        assert counts[1] - counts[0] <= 3, (bf16, counts)
     x = torch.randn(3, 40, 32, device="cuda", dtype=torch.bfloat16)
     seg = torch.tensor([[0] * 10 + [1] * 15 + [2] * 15] * 3, device="cuda")
     from rl.algo import block_mask
