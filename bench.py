@@ -629,18 +629,19 @@ def gpu_check_kernels(cuda):
     return out
 
 
-def host_syncs_per_token(model, prompts, device, n_new=33):
+def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
     """GPU synchronisations per decode step of engine.generate_streams (torch.cuda.set_sync_debug_mode
-    warns at each): n_new tokens against one, no stop id; engine.SYNC_FREE reads every DONE_EVERY tokens."""
-    import warnings
+    warns at each): n_new tokens against one, no stop id; engine.SYNC_FREE reads every DONE_EVERY tokens.
+    fp32: engine.generate outside autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
     from infra import engine
+    decode = engine.generate if fp32 else engine.generate_streams
     counts = []
     for n in (1, n_new):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                engine.generate_streams(model, prompts, n, temperature=1.0, generator=torch.Generator(device).manual_seed(0))
+                decode(model, prompts, n, temperature=1.0, generator=torch.Generator(device).manual_seed(0))
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         counts.append(sum("synchroniz" in str(w.message) for w in seen))
@@ -670,8 +671,9 @@ def gpu_check_generate(ckpt, cuda):
     dt = time.perf_counter() - t0
     n = sum(len(o["tokens"]) for o in outs)
     syncs = host_syncs_per_token(model, prompts, device) if cuda else None
+    syncs32 = host_syncs_per_token(model, prompts, device, fp32=True) if cuda else None
     return {"rows": rows, "new_tokens": n, "tokens_per_s": n / dt, "host_syncs_per_token": syncs,
-            "ok": n > 0 and (syncs is None or syncs < 1)}
+            "host_syncs_per_token_fp32": syncs32, "ok": n > 0 and (syncs is None or (syncs < 1 and syncs32 < 1))}
 
 
 def gpu_check_ratios(cuda):
@@ -716,7 +718,7 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
         keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token",
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token", "host_syncs_per_token_fp32",
                 "moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")
         results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
