@@ -604,6 +604,9 @@ def gpu_check_kernels(cuda):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
+    if cuda:   # grouped_mm's own kernel (else MoE.experts avoids its host-syncing fallback)
+        from model import native_grouped_mm
+        out["grouped_mm_native"] = native_grouped_mm(torch.cuda.current_device())
     dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     q = torch.randn(4, 12, 512, 64, device=dev, dtype=dt)
     for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
@@ -624,8 +627,21 @@ def gpu_check_kernels(cuda):
         out["sdpa_masked_gqa_fused"] = True
     except RuntimeError:
         out["sdpa_masked_gqa_fused"] = False
-    out["ok"] = out["sdpa_math"] and (not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"])
-                                                   and out["sdpa_masked_gqa_fused"]))
+    # and a padded decode step (one query token, its heads folded into the query length; on CUDA
+    # without the math backend): the same values as the math backend's enable_gqa call, whose
+    # output layout differs from the memory-efficient kernel's
+    step, row = q[:, :, -1:], mask[:, :, -1:]
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = attend(step, kv, kv, row, False, False)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if cuda
+                         else [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):
+            got = attend(step, kv, kv, row, False, True)
+        out["sdpa_masked_decode_fused"] = bool(torch.allclose(got.float(), want.float(), atol=2e-2))
+    except RuntimeError:
+        out["sdpa_masked_decode_fused"] = False
+    out["ok"] = out["sdpa_math"] and out["sdpa_masked_decode_fused"] and (
+        not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"]) and out["sdpa_masked_gqa_fused"]))
     return out
 
 
@@ -686,6 +702,15 @@ def gpu_check_ratios(cuda):
     return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
 
 
+def gpu_check_rl(argv):
+    """train_rl.py's 2 steps; ok only if they trained on some sequences (rl_trained_seqs, summed
+    from its metrics.jsonl): a step with no spread in any group runs no backward at all."""
+    r = run_script(argv, 600)
+    with open(r["metrics"]) as f:
+        trained = sum(row.get("trained_seqs", 0) for row in map(json.loads, f))
+    return dict(r, rl_trained_seqs=trained, ok=trained > 0)
+
+
 def gpu_check(out_dir):
     cuda = torch.cuda.is_available()
     out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="gpu-check-"))
@@ -693,11 +718,15 @@ def gpu_check(out_dir):
     ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
     preset = "gpu" if cuda else "smoke"
     pre = ["train_pretrain.py", "--preset", preset, "--out-dir", os.path.join(out_dir, "pretrain"), "--max-steps", "30",
-           "--eval-every", "30", "--ckpt-every", "30", "--sample-every", "0"]
+           "--eval-every", "30", "--ckpt-every", "30", "--sample-every", "30"]
     pre += ["--tasks-n", "20000", "--source-mb", "4", "--tok-train-mb", "2", "--val-tokens", "16384"] if cuda else []
     rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--out-dir", os.path.join(out_dir, "rl"),
-          "--steps", "2", "--no-eval", "--ckpt-every", "0"]
-    rl += ["--batch-tasks", "16", "--group-size", "8", "--max-new-tokens", "128", "--max-minutes", "0"] if cuda else []
+          "--steps", "2", "--no-eval", "--ckpt-every", "0",
+          # a 30-step model fails every task: a length penalty gives its groups a spread (room for
+          # 128 tokens, so that some samples end early), and both steps train (backward through the
+          # MoE kernels and the gradient all-reduce), as in bench_rl
+          "--no-dynamic-sampling", "--prefilter", "1", "--len-penalty", "0.02", "--max-new-tokens", "128"]
+    rl += ["--batch-tasks", "16", "--group-size", "8", "--max-minutes", "0"] if cuda else []
     stages = {"kernels": lambda: gpu_check_kernels(cuda),
               "collectives": lambda: dict(run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                                       "1", os.path.join(out_dir, "collectives.py"),
@@ -705,7 +734,7 @@ def gpu_check(out_dir):
               "pretrain": lambda: dict(run_script(pre, 600), ok=True),
               "generate": lambda: gpu_check_generate(ckpt, cuda),
               "ratios": lambda: gpu_check_ratios(cuda),
-              "rl": lambda: dict(run_script(rl, 600), ok=True)}
+              "rl": lambda: gpu_check_rl(rl)}
     with open(os.path.join(out_dir, "collectives.py"), "w") as f:
         f.write(COLLECTIVES)
     results = {"reduced": not cuda, "device": torch.cuda.get_device_name() if cuda else "cpu"}
@@ -718,7 +747,7 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
         keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "torch", "host_syncs_per_token", "host_syncs_per_token_fp32",
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch", "host_syncs_per_token", "host_syncs_per_token_fp32",
                 "moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")
         results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ multi-token-prediction modules after the trunk (DeepSeek-V3), which draft tokens
 Embeddings are UNTIED (as in nanochat / Llama): the input table and the output head want different
 scales at this size, and untying costs nothing in active compute.
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
+
+
+@functools.lru_cache(maxsize=None)
+def native_grouped_mm(cuda_index):
+    """Whether grouped_mm has a kernel of its own on this GPU: sm90 and sm100 (Hopper, Blackwell).
+    Elsewhere torch runs a fallback that copies the offsets to the host (aten's GroupedBlas.cpp),
+    a sync per call: two per MoE layer and decode step."""
+    return torch.cuda.get_device_capability(cuda_index)[0] in (9, 10)
 
 
 @dataclass
@@ -129,7 +138,10 @@ def attend(q, k, v, mask, causal, matched):
     B, H, T, D = q.shape
     G = H // k.size(1)
     if T == 1:
-        return F.scaled_dot_product_attention(q.reshape(B, -1, G, D), k, v, attn_mask=mask).view(B, H, 1, D)
+        # reshape, not view: CUDA's memory-efficient kernel returns (B, H_kv, G, D) laid out as
+        # (B, G, H_kv, D) (torch's meta registration for it says so); CPU's happens to be contiguous
+        y = F.scaled_dot_product_attention(q.reshape(B, -1, G, D), k, v, attn_mask=mask)
+        return y.reshape(B, H, 1, D)
     k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
@@ -162,14 +174,15 @@ def expert_matmul(x, w, counts, grouped):
 
 
 class MoE(nn.Module):
-    # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM where supported (CPU, bf16
-    # CUDA), else sorted slices; dense under torch.compile on CPU, and for a small no-grad batch in
-    # fp32 on CUDA (a decode step outside autocast), since sorted reads the group sizes on the host,
-    # a sync per layer and token. A class attribute, not config: it changes speed, never results
-    # beyond float rounding (tests flip it). GPU decoding runs under bf16 autocast
-    # (engine.generate_streams), so it takes grouped, which never syncs with the host.
+    # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM on CPU and in bf16 on a
+    # GPU with grouped_mm's own kernel (native_grouped_mm), else sorted slices; dense under
+    # torch.compile on CPU, and on CUDA for a small no-grad batch that would otherwise take sorted
+    # (a decode step in fp32, or on a GPU without the kernel), since sorted reads the group sizes on
+    # the host, a sync per layer and token. A class attribute, not config: it changes speed, never
+    # results beyond float rounding (tests flip it). GPU decoding runs under bf16 autocast
+    # (engine.generate_streams).
     dispatch = "auto"
-    DENSE_ROWS = 1024   # fp32 CUDA no-grad batches up to this many tokens go dense (E/k x FLOPs, no sync)
+    DENSE_ROWS = 1024   # CUDA no-grad batches up to this many tokens go dense rather than sorted (E/k x FLOPs, no sync)
 
     def __init__(self, cfg):
         super().__init__()
@@ -228,8 +241,8 @@ class MoE(nn.Module):
         N, k = topi.shape
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # experts in bf16
-        grouped = self.dispatch == "grouped" or (self.dispatch == "auto" and HAS_GROUPED_MM
-                                                 and (not x.is_cuda or dt == torch.bfloat16))
+        grouped = self.dispatch == "grouped" or (self.dispatch == "auto" and HAS_GROUPED_MM and (
+            not x.is_cuda or (dt == torch.bfloat16 and native_grouped_mm(x.device.index))))
         if (self.dispatch == "auto" and x.is_cuda and not grouped and not torch.is_grad_enabled()
                 and N <= self.DENSE_ROWS):
             return self.experts_dense(x.to(dt), topi, gates)

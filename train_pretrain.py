@@ -309,6 +309,12 @@ if init is None:
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=T, **{k: getattr(args, k) for k in ARCH}))
 else:
     model = init
+    if model.config.n_mtp and not resume:
+        # MTP modules serve decoding and are trained afterwards (train_mtp.py); pretraining's forward
+        # never uses them, and DDP refuses parameters that get no gradient
+        model.mtp, model.config.n_mtp = nn.ModuleList(), 0
+        if master:
+            print(f"--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)", file=sys.stderr)
     if args.upcycle and not resume:
         if model.config.n_expert != 1:
             common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
@@ -453,7 +459,7 @@ for step in bar:
     gnorm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip or float("inf")).item()
     loss_val = common.all_reduce_mean(loss_sum.item() / accum)
     if not (math.isfinite(loss_val) and math.isfinite(gnorm)):   # same values on every rank: all stop
-        good = torch.load(ckpt_path, weights_only=False)["step"] if os.path.isfile(ckpt_path) else None
+        good = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"] if os.path.isfile(ckpt_path) else None
         bar.close()
         common.cleanup_ddp()
         common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "

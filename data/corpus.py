@@ -293,6 +293,7 @@ def token_stream(tok, texts_or_tokens, limit=None):
     return stream
 
 
+@torch.no_grad()
 def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     """(sum of -log p(token) in nats, UTF-8 bytes of those tokens) over held-out documents, joined
     as [eot] doc1 [eot] doc2 ... and cut into windows of seq_len that overlap by one token, so every

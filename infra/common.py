@@ -69,11 +69,13 @@ def typed_options(parser, argv):
 
 
 def pick_device(name="auto"):
+    """A torch.device; CUDA always with its index (cuda:0, not cuda), so device comparisons hold."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         die(f"--device {name} but no CUDA device is visible")
-    return torch.device(name)
+    device = torch.device(name)
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None else device
 
 
 def autocast(device):
@@ -327,7 +329,9 @@ def load_checkpoint(path, device="cpu"):
     from model import GPT, GPTConfig  # imported here so common.py stays importable on its own
     from data.tokenizer import Tokenizer
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        # on the CPU: the model moves below, the optimizer state follows its parameters when loaded,
+        # and RNG states must stay CPU tensors (set_rng_state)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
         cfg = GPTConfig(**ckpt["model_config"])
         model = GPT(cfg)
         model.load_state_dict(ckpt["model"])
@@ -345,9 +349,12 @@ def rng_state():
 
 
 def set_rng_state(state):
-    torch.set_rng_state(state["torch"])
+    """Restores rng_state(). CPU ByteTensors whatever the checkpoint was mapped to; the CUDA states of
+    the GPUs this process sees (a run saved on 8 may resume on 1)."""
+    torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,14 +137,15 @@ def prefill(model, prompts, past, room, n_layers):
     uniq = {}
     which = [uniq.setdefault(i if past is not None else tuple(p), len(uniq)) for i, p in enumerate(prompts)]
     first = {w: b for b, w in reversed(list(enumerate(which)))}
-    lens = torch.tensor([len(prompts[first[w]]) for w in range(len(uniq))], device=dev)
-    n_past = torch.tensor([past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))], device=dev)
-    A, L = int(n_past.max()), int(lens.max())     # cache columns: [pads, past] [pads, prompt] [new tokens]
+    lens_h = [len(prompts[first[w]]) for w in range(len(uniq))]      # on the host: no device reads
+    past_h = [past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))]
+    lens, n_past = torch.tensor(lens_h, device=dev), torch.tensor(past_h, device=dev)
+    A, L = max(past_h), max(lens_h)     # cache columns: [pads, past] [pads, prompt] [new tokens]
     col = torch.arange(A + L, device=dev)[None]
     start = (A + L - lens)[:, None]
     idx = torch.zeros(len(uniq), L, dtype=torch.long, device=dev)   # pad id 0: masked, never seen
     for w in range(len(uniq)):
-        idx[w, L - lens[w]:] = torch.tensor(prompts[first[w]], device=dev)
+        idx[w, L - lens_h[w]:] = torch.tensor(prompts[first[w]], device=dev)
     valid = torch.ones(len(uniq), A + L + room, dtype=torch.bool, device=dev)
     valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
     cache = KVCache(n_layers, A + L + room)
@@ -221,7 +222,9 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     # yet retired keep writing junk past their end; n_out cuts it off.
     B, dev = len(prompts), logits.device
     every = DONE_EVERY if sync_free(dev) else 1     # read the finished rows every `every` tokens
-    if generator is not None and generator.device != dev:   # a CPU generator would copy each draw in
+    # A CPU generator for a GPU model would copy each draw in: replaced by one on the device, seeded
+    # from it. Compared by type: torch.Generator("cuda") reports device "cuda", the logits "cuda:0".
+    if generator is not None and generator.device.type != dev.type:
         generator = torch.Generator(dev).manual_seed(int(torch.randint(2 ** 62, (1,), generator=generator)))
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     logprobs = torch.zeros(B, max_new_tokens, device=dev)
