@@ -103,6 +103,22 @@ def test_ddp_two_processes_match_one(smoke, tmp_path, cache):
     assert s2["val_loss"] == pytest.approx(s["val_loss"], abs=1e-5)
 
 
+@pytest.mark.slow   # DDP: two processes
+def test_ddp_init_from_a_checkpoint_with_mtp_modules(smoke, tmp_path, cache):
+    """MTP modules get no gradient in pretraining; DDP refuses such parameters at the second step,
+    so --init-from drops them (train_mtp.py adds them after)."""
+    out, _, _ = smoke
+    mtp = tmp_path / "mtp"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train_mtp.py"), "--preset", "smoke", "--init-from",
+                        str(out / "ckpt.pt"), "--out-dir", str(mtp), "--cache-dir", str(cache), "--device", "cpu"], capture_output=True, text=True,
+                       timeout=150, cwd=ROOT)
+    assert p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1])["n_mtp"] >= 1, p.stderr[-2000:]
+    s, p = run(tmp_path / "pre", cache, "--init-from", str(mtp / "ckpt.pt"), "--max-steps", "3", ddp=True, timeout=240)
+    assert s["steps"] == 3 and "MTP modules are dropped" in p.stderr
+    ck = torch.load(s["ckpt"], map_location="cpu", weights_only=False)
+    assert ck["model_config"]["n_mtp"] == 0 and not [k for k in ck["model"] if k.startswith("mtp.")]
+
+
 def test_no_heldout_prompt_in_training_tokens(smoke):
     out, s, _ = smoke
     text = "".join(train_text(s, Tokenizer.load(out / "tokenizer.json")).values())
