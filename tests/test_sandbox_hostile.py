@@ -431,13 +431,16 @@ def test_no_network_by_either_wall(monkeypatch, namespaces, seccomp):
         with pytest.raises(TimeoutError):
             server.accept()
 
-def test_refuses_root_without_namespaces_or_seccomp(monkeypatch):
+def test_refuses_root_without_namespaces_or_seccomp(monkeypatch, capsys):
     if os.geteuid() != 0:
         pytest.skip("the refusal is for root")
     monkeypatch.setattr(env.SandboxPool, "_namespaces", False)
     monkeypatch.setattr(env.SandboxPool, "_seccomp", False)
-    with pytest.raises(RuntimeError, match="refusing to run candidates as root with neither namespaces nor seccomp"):
+    with pytest.raises(SystemExit) as e:
         env.SandboxPool(workers=1)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: sandbox: refusing to run candidates as root with neither namespaces nor seccomp")
 
 def test_fallback_without_root(monkeypatch, tmp_path):
     """The no-root path (no namespaces, mounts, chroot or uid drop), taken here on purpose: benign
