@@ -664,27 +664,21 @@ def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
     return (counts[1] - counts[0]) / (n_new - 1)
 
 
-def gpu_check_generate(ckpt, cuda):
+def gpu_check_generate(ckpt, device):
     """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced),
-    and on a GPU the host synchronisations per generated token (goal: under one, issue 38)."""
+    and on a GPU the host synchronisations per generated token (goal: under one, issue 38).
+    engine.generate_streams decodes under bf16 autocast on a GPU, as training runs."""
     from infra import common, engine
     import env
     from data.tasks import generate_tasks
-    device = torch.device("cuda" if cuda else "cpu")
+    cuda = device.type == "cuda"
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
     model.eval()
     rows, n_new = (64, 128) if cuda else (8, 16)
     prompts = [tok.encode(env.render_prompt(t)) for t in generate_tasks("test", rows, seed=0)]
     gen = torch.Generator(device=device).manual_seed(0)
-    with common.autocast(device):
-        engine.generate_streams(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outs = engine.generate_streams(model, prompts, n_new, temperature=1.0, generator=gen)
-        if cuda:
-            torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    engine.generate_streams(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
+    outs, dt = timed(lambda: engine.generate_streams(model, prompts, n_new, temperature=1.0, generator=gen), device)
     n = sum(len(o["tokens"]) for o in outs)
     syncs = host_syncs_per_token(model, prompts, device) if cuda else None
     syncs32 = host_syncs_per_token(model, prompts, device, fp32=True) if cuda else None
@@ -692,12 +686,12 @@ def gpu_check_generate(ckpt, cuda):
             "host_syncs_per_token_fp32": syncs32, "ok": n > 0 and (syncs is None or (syncs < 1 and syncs32 < 1))}
 
 
-def gpu_check_ratios(cuda):
+def gpu_check_ratios(device):
     """bench.py's model part (bench_model --quick: MoE vs dense training, KV cache vs recompute,
     batched vs one prompt at a time) on the GPU; reduced (smoke sizes, seconds) on CPU. ok: every
     ratio measured, a positive finite number (the goals are for bench.py itself, on full sizes)."""
     import math
-    r = bench_model(True, torch.device("cuda" if cuda else "cpu"), reduced=not cuda)
+    r = bench_model(True, device, reduced=device.type != "cuda")
     ratios = [r[k] for k in ("moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")]
     return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
 
@@ -713,6 +707,7 @@ def gpu_check_rl(argv):
 
 def gpu_check(out_dir):
     cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else CPU
     out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="gpu-check-"))
     os.makedirs(out_dir, exist_ok=True)
     ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
@@ -732,8 +727,8 @@ def gpu_check(out_dir):
                                                       "1", os.path.join(out_dir, "collectives.py"),
                                                       ROOT], 300), ok=True),
               "pretrain": lambda: dict(run_script(pre, 600), ok=True),
-              "generate": lambda: gpu_check_generate(ckpt, cuda),
-              "ratios": lambda: gpu_check_ratios(cuda),
+              "generate": lambda: gpu_check_generate(ckpt, device),
+              "ratios": lambda: gpu_check_ratios(device),
               "rl": lambda: gpu_check_rl(rl)}
     with open(os.path.join(out_dir, "collectives.py"), "w") as f:
         f.write(COLLECTIVES)
@@ -747,8 +742,9 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
         keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch", "host_syncs_per_token", "host_syncs_per_token_fp32",
-                "moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")
+                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch",
+                "host_syncs_per_token", "host_syncs_per_token_fp32", "moe_vs_dense_train", "kv_cache_speedup",
+                "batched_generation_speedup")
         results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
     if "collectives" in results and results["collectives"]["ok"]:

@@ -314,7 +314,7 @@ else:
         # never uses them, and DDP refuses parameters that get no gradient
         model.mtp, model.config.n_mtp = nn.ModuleList(), 0
         if master:
-            print(f"--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)", file=sys.stderr)
+            print("--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)", file=sys.stderr)
     if args.upcycle and not resume:
         if model.config.n_expert != 1:
             common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
@@ -459,7 +459,8 @@ for step in bar:
     gnorm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip or float("inf")).item()
     loss_val = common.all_reduce_mean(loss_sum.item() / accum)
     if not (math.isfinite(loss_val) and math.isfinite(gnorm)):   # same values on every rank: all stop
-        good = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"] if os.path.isfile(ckpt_path) else None
+        good = (torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"]
+                if os.path.isfile(ckpt_path) else None)
         bar.close()
         common.cleanup_ddp()
         common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "

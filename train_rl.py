@@ -461,8 +461,7 @@ def save(ctx):
 
 def check_args(args, world):
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
-    if args.batch_tasks % world:
-        common.die(f"--batch-tasks {args.batch_tasks} must be a multiple of the world size {world}")
+    common.tasks_per_rank(args.batch_tasks, world)
     if args.turns < 1:
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
@@ -555,7 +554,7 @@ def setup(args):
         args=args, rank=rank, world=world, ddp=world > 1, master=rank == 0, device=device, model=model,
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
         test_tasks=test_tasks, canaries=canary_tasks() if args.canary_every else [],
-        per_rank=args.batch_tasks // world, replay=args.router_replay and model.n_moe_layers > 0,
+        per_rank=common.tasks_per_rank(args.batch_tasks, world), replay=args.router_replay and model.n_moe_layers > 0,
         pack=args.pack_prompts and args.turns == 1, rollout=rollout,
         pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())

@@ -281,7 +281,6 @@ def to_bits_per_byte(nats, n_bytes):
     return nats / (math.log(2) * n_bytes)
 
 
-@torch.no_grad()
 def token_stream(tok, texts_or_tokens, limit=None):
     """Held-out documents (strings or lists of token ids) joined as [eot] doc1 [eot] doc2 ..., cut to
     its first `limit` tokens (None: all of them)."""

@@ -180,6 +180,15 @@ def fit_micro_batch(batch_tokens, seq_len, world, micro_batch, typed):
     return fit, rows // fit
 
 
+def tasks_per_rank(batch_tasks, world):
+    """train_rl.py's --batch-tasks split over the processes; a one-line error naming the fix when
+    they do not divide it."""
+    if batch_tasks % world:
+        die(f"--batch-tasks {batch_tasks} is not a multiple of the {world} processes: use --batch-tasks "
+            f"{max(1, round(batch_tasks / world)) * world}")
+    return batch_tasks // world
+
+
 def add_plan_args(parser):
     """--dry-run and what the plan is for; each script calls this once."""
     parser.add_argument("--dry-run", action="store_true", help="print the plan (batch, memory, time) for "
@@ -242,9 +251,7 @@ def rl_plan(args, world):
     --dynamic-sampling, decoding at a tenth of --plan-mfu (each token reads every weight), no time
     for the sandbox (it runs beside generation on the CPU cores)."""
     from model import GPTConfig
-    if args.batch_tasks % world:
-        die(f"--batch-tasks {args.batch_tasks} is not a multiple of the {world} processes: use --batch-tasks "
-            f"{max(1, round(args.batch_tasks / world)) * world}")
+    tasks_per_rank(args.batch_tasks, world)
     if args.init_from and os.path.isfile(args.init_from):
         cfg = GPTConfig(**torch.load(args.init_from, map_location="cpu", mmap=True, weights_only=False)["model_config"])
     else:
@@ -254,7 +261,7 @@ def rl_plan(args, world):
                              text=True)
         if out.returncode:
             die(f"plan: train_pretrain.py --preset {args.preset} --dry-run failed: {out.stderr.strip()[-300:]}")
-        cfg = GPTConfig(**{k: v for k, v in json.loads(out.stdout.splitlines()[-1])["model_config"].items()})
+        cfg = GPTConfig(**json.loads(out.stdout.splitlines()[-1])["model_config"])
     name, peak, mem = plan_device(args)
     n_total, n_active, fpt = model_plan(cfg)
     seq = PROMPT_TOKENS + args.max_new_tokens

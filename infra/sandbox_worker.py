@@ -406,12 +406,12 @@ def seccomp_filter():
     no_new_privs first: the kernel requires it of an unprivileged caller, and nothing here execs a
     setuid program."""
     arch, calls = SECCOMP_CALLS.get(os.uname().machine, (None, {}))
+    if arch is None:
+        return None
     try:
         import ctypes                      # only here: the zygote is a fresh exec, so no child can reach it
         libc = ctypes.CDLL(None, use_errno=True)
     except Exception:
-        return None
-    if arch is None:
         return None
     n, deny = len(calls), (0x06, 0, 0, 0x00050000 | errno.EPERM)   # BPF_RET|K, SECCOMP_RET_ERRNO
     insns = [(0x20, 0, 0, 4), (0x15, 0, n + 3, arch),      # ld arch; jeq arch, else -> deny

@@ -32,7 +32,7 @@ def tiny():
 def test_reduced_model_ratios_on_cpu():
     """gpu-check's `ratios` stage in its CPU form: bench_model at smoke sizes, every key of bench.py's
     model part, each ratio a positive finite number, and the figures consistent with each other."""
-    r = bench.gpu_check_ratios(False)
+    r = bench.gpu_check_ratios(CPU)
     assert r["ok"] is True
     assert MODEL_KEYS <= set(r)
     for k in RATIOS:
