@@ -13,9 +13,12 @@ after `TURNS=3 OUT=runs/turns bash run.sh` (a base model that has seen feedback,
     python agent.py --ckpt CKPT --prompt-file my_function.py          # your signature + docstring
   A prompt of your own is a `def` line and a docstring with `>>> name(args)` examples, each followed
   by the expected value on the next line; those examples are its only tests.
-The last stdout line is a JSON summary (passed, turns used, outcome of each attempt).
+The last stdout line is a JSON summary (passed, turns used, outcome of each attempt, whether it decoded
+speculatively). --out-dir (default runs/agent-PRESET) keeps transcript.txt, the text printed above it,
+and summary.json, the summary with the prompt and every attempt's body.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -23,7 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see eval.py
 import torch
 
 from infra import common
-from infra import engine
+from infra import engine, fast, speculative
 import env
 from data.tasks import Task, generate_tasks, parse_difficulties
 
@@ -73,8 +76,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py or train_rl.py), required")
+    p = common.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py, train_mtp.py or train_rl.py; only "
+                   "train_mtp.py's has the MTP modules that speculative decoding needs), required")
     p.add_argument("--prompt-file", default=None, help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")
     p.add_argument("--task-seed", type=int, default=0, help="held-out task seed")
@@ -102,16 +106,25 @@ def main(argv=None):
         common.die(str(e))
     device = common.pick_device(args.device)
     model, tok, _ = common.load_checkpoint(args.ckpt, device)
-    # A checkpoint with MTP modules drafts tokens that one forward checks (engine.generate_speculative):
+    # A checkpoint with MTP modules drafts tokens that one forward checks (speculative.generate):
     # exactly the model's samples, several tokens per forward (docs/speculative.md).
-    engine.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
+    fast.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
     gen = torch.Generator(device=device).manual_seed(args.seed)
     with env.SandboxPool(workers=1) as pool:
         ep = engine.run_episodes(model, tok, [task], 1, args.turns, pool, args.temperature, args.max_new_tokens,
                           generator=gen)[0]
     show(task, ep)
-    common.print_summary({"task_id": task.task_id, "passed": ep["result"].passed, "turns": len(ep["turns"]),
-                          "outcomes": [r.outcome for r in ep["results"]]})
+    summary = {"task_id": task.task_id, "passed": ep["result"].passed, "turns": len(ep["turns"]),
+               "outcomes": [r.outcome for r in ep["results"]], "ckpt": args.ckpt,
+               "speculative": model.config.n_mtp > 0 and not args.no_speculative}
+    # --out-dir keeps the episode: the transcript as printed, and the summary with every attempt's body
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
+        show(task, ep, out=f)
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump({**summary, "prompt": env.render_prompt(task), "attempts": [x["text"] for x in ep["turns"]]}, f,
+                  indent=1)
+    common.print_summary({**summary, "out_dir": args.out_dir})
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ ratio SIDE BY SIDE in one run on the same machine (never against a number rememb
 elsewhere), prints a line as it finishes, and the last stdout line is one JSON object with
 every figure.
 
-    python bench.py --quick            # everything, < 2 minutes on 2 CPU cores
-    python bench.py                    # the full versions (longer runs, more repetitions)
+    python bench.py --quick            # every part but rl and compiled, about 2 minutes on 2 CPU cores
+                                       # (speculative only with its checkpoint: about a minute more)
+    python bench.py                    # the full versions (longer runs, more repetitions), rl and compiled too
     python bench.py model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
     python bench.py gpu-check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
     python bench.py --device cuda --quick   # the same ratios on a GPU (--device auto, the default, picks it)
@@ -85,19 +86,19 @@ def best_time(fn, reps, device=CPU):
 
 
 def on_device(device, threads):
-    """Where model work runs: on CPU on `threads` torch threads (engine.cpu_threads, 0: torch's
-    setting), on CUDA under bf16 autocast as the trainers and engine.generate_streams run it (the
+    """Where model work runs: on CPU on `threads` torch threads (fast.cpu_threads, 0: torch's
+    setting), on CUDA under bf16 autocast as the trainers and fast.generate run it (the
     CPU's thread count does not matter there)."""
-    from infra import common, engine
-    return engine.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
+    from infra import common, fast
+    return fast.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
 
 
 def eager_generate(model, *args, **kw):
-    """engine.generate (one eager batch) as the decode paths run it: engine.THREADS torch threads on
-    CPU, bf16 autocast on CUDA (engine.generate_streams does the same)."""
-    from infra import engine
-    with on_device(next(model.parameters()).device, engine.THREADS):
-        return engine.generate(model, *args, **kw)
+    """fast.generate_retiring (one eager batch) as the decode paths run it: fast.THREADS torch threads on
+    CPU, bf16 autocast on CUDA (fast.generate does the same)."""
+    from infra import fast
+    with on_device(next(model.parameters()).device, fast.THREADS):
+        return fast.generate_retiring(model, *args, **kw)
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -217,7 +218,7 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    engine.generate_streams. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
+    fast.generate. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
     is then h_t to bf16's precision of the eot logit, within a few percent."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
@@ -238,25 +239,25 @@ def eot_at_lengths(model, eot, lengths):
 
 
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
-    """One step of engine.generate's decode loop at a fixed batch of `rows` copies of `prompt` (no
+    """One step of fast.generate_retiring's decode loop at a fixed batch of `rows` copies of `prompt` (no
     end-of-text, so no row retires): ms, on one thread (on CUDA: under autocast), the prefill subtracted."""
-    from infra import engine
+    from infra import fast
     device = next(model.parameters()).device
     with on_device(device, 1):
-        _, t_all = timed(lambda: engine.generate(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
+        _, t_all = timed(lambda: fast.generate_retiring(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
                          device)
-        _, t_pre = timed(lambda: engine.generate(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
+        _, t_pre = timed(lambda: fast.generate_retiring(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
                          device)   # the prefill alone
     return 1e3 * (t_all - t_pre) / (n_new - 1)
 
 
 def compile_error(fn):
-    """Runs fn, which decodes through engine.compiled_trunk: None when it ran compiled, else why
+    """Runs fn, which decodes through fast.compiled_trunk: None when it ran compiled, else why
     not, in one line. compiled_trunk falls back to the eager trunk with a warning (for the rest of
-    the process: engine._COMPILED["trunk"] is False), so a failure would otherwise pass for a
+    the process: fast._COMPILED["trunk"] is False), so a failure would otherwise pass for a
     compiled figure; anything fn raises is caught too, so that compiling cannot end the benchmark
     (inductor on CUDA is not the CPU one this project runs)."""
-    from infra import engine
+    from infra import fast
     err = None
     with warnings.catch_warnings(record=True) as seen:
         try:
@@ -265,7 +266,7 @@ def compile_error(fn):
             err = f"{type(e).__name__}: {e}"
     for w in seen:   # shown as they would have been
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    if err is None and engine._COMPILED.get("trunk") is False:
+    if err is None and fast._COMPILED.get("trunk") is False:
         why = [str(w.message) for w in seen if "torch.compile failed" in str(w.message)]
         err = why[0] if why else "torch.compile failed earlier in this process"
     return err and (err.strip().splitlines() or [""])[0][:200]
@@ -274,7 +275,7 @@ def compile_error(fn):
 def bench_generation(quick, device=CPU):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
-    forward-only tokens/s (no grad, 16 x 256 tokens), engine.generate tokens/s on the RL workload
+    forward-only tokens/s (no grad, 16 x 256 tokens), fast.generate_retiring tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
     RL loop's own sampling (engine.sample_completions called as train_rl.py's cpu preset calls it:
     128-row batch, router replay, tokenization and decoding included; and the same with the decode
@@ -285,16 +286,15 @@ def bench_generation(quick, device=CPU):
     On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
     default-threads figure."""
     from infra import common
-    from infra import engine
+    from infra import engine, fast
     import env
     from data import tasks
     cpu = device.type == "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         # one step at lr 0 only writes the checkpoint: on the CPU, whatever the device
         run_script(["train_pretrain.py", "--preset", "cpu", "--device", "cpu", "--out-dir", tmp, "--max-steps", "1",
-                    "--lr", "0", "--warmup-steps", "1", "--eval-every", "1000000", "--sample-every", "0",
-                    "--ckpt-every", "1000000", "--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1",
-                    "--val-tokens", "512"])
+                    "--lr", "0", "--warmup-steps", "1", "--eval-every", "1000000", "--ckpt-every", "1000000",
+                    "--source-mb", "1", "--tasks-n", "4000"])
         model, tok, _ = common.load_checkpoint(os.path.join(tmp, "ckpt.pt"), device=device)
     model.eval()
     lengths = [len(tok.encode(t.solution)) + 1 for t in tasks.generate_tasks("train", 2000, seed=5)]
@@ -311,7 +311,7 @@ def bench_generation(quick, device=CPU):
         return x.numel()
 
     def forward_1thread():
-        with engine.cpu_threads(1):
+        with fast.cpu_threads(1):
             return forward()
 
     def generate():
@@ -322,12 +322,12 @@ def bench_generation(quick, device=CPU):
 
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        before, engine.COMPILE = engine.COMPILE, compiled
+        before, fast.COMPILE = fast.COMPILE, compiled
         try:
             samples = engine.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
                                                     top_p=1.0, batch_size=128, return_routes=True, generator=g)
         finally:
-            engine.COMPILE = before
+            fast.COMPILE = before
         return sum(len(s["tokens"]) for s in samples)
     forward()   # warm-up
     for h in hooks:
@@ -482,13 +482,12 @@ def bench_pretrain(quick, device=CPU):
     the `gpu` preset on that device, with gpu-check's shortened data preparation; MFU is then against
     the device's dense bf16 peak (common.DEVICES)."""
     preset = "cpu" if device.type == "cpu" else "gpu"
-    data = (["--source-mb", "1", "--tasks-n", "4000", "--tok-train-mb", "1", "--val-tokens", "512"] if preset == "cpu"
-            else ["--device", str(device), "--tasks-n", "20000", "--source-mb", "4", "--tok-train-mb", "2",
-                  "--val-tokens", "16384"])
+    data = (["--source-mb", "1", "--tasks-n", "4000"] if preset == "cpu"
+            else ["--device", str(device), "--tasks-n", "20000", "--source-mb", "4"])
     with tempfile.TemporaryDirectory() as tmp:
         r = run_script(["train_pretrain.py", "--preset", preset, "--out-dir", tmp,
                         "--max-steps", "6" if quick else "20", "--warmup-steps", "2", "--eval-every", "1000000",
-                        "--sample-every", "0", "--ckpt-every", "1000000"] + data)
+                        "--ckpt-every", "1000000"] + data)
     print(f"  {preset} preset: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "
           f"{r['params_active'] / 1e6:.2f}M active of {r['params_total'] / 1e6:.2f}M", flush=True)
     return {"pretrain_tokens_per_s": r["tokens_per_s"], "pretrain_mfu": r["mfu"],
@@ -534,12 +533,12 @@ def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick, device=CPU):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 130-token prompt in a real KVCache, one thread; on CUDA under bf16
-    autocast), the trunk and LM head as engine.generate calls them: eager vs engine.compiled_trunk
+    autocast), the trunk and LM head as fast.generate_retiring calls them: eager vs fast.compiled_trunk
     (torch.compile: CPU inductor, dense experts; triton on CUDA), at 4 and 64 rows; next to the whole
-    step of engine.generate itself (decode_step_ms: it also samples and keeps the books). The largest
+    step of fast.generate_retiring itself (decode_step_ms: it also samples and keeps the books). The largest
     logit difference is the last line. Where compiling fails the compiled figures are None and
     compiled_error says why, in one line."""
-    from infra import engine
+    from infra import engine, fast
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
@@ -548,7 +547,7 @@ def bench_compiled(quick, device=CPU):
     # its own on the logits' device from it
     P, g, out, worst, errors = 130, torch.Generator().manual_seed(0), {}, 0.0, []
     with torch.no_grad(), on_device(device, 1):
-        compiled = engine.compiled_trunk(model)
+        compiled = fast.compiled_trunk(model)
         for rows in (4, 64):
             cache = engine.KVCache(cfg.n_layer, 256)
             model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g).to(device),
@@ -571,7 +570,7 @@ def bench_compiled(quick, device=CPU):
                                                       for _ in range(3))
             comp = (f"compiled: failed ({err})" if err else f"compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
                                                            f"(first call {out[f'compile_s_{rows}rows']:.0f} s)")
-            print(f"  {rows:2d} rows: engine.generate's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
+            print(f"  {rows:2d} rows: fast.generate_retiring's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
                   f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, {comp}", flush=True)
     err = next((e for e in errors if e), None)
     worst = None if err else worst
@@ -646,11 +645,11 @@ def gpu_check_kernels(cuda):
 
 
 def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
-    """GPU synchronisations per decode step of engine.generate_streams (torch.cuda.set_sync_debug_mode
-    warns at each): n_new tokens against one, no stop id; engine.SYNC_FREE reads every DONE_EVERY tokens.
-    fp32: engine.generate outside autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
-    from infra import engine
-    decode = engine.generate if fp32 else engine.generate_streams
+    """GPU synchronisations per decode step of fast.generate (torch.cuda.set_sync_debug_mode
+    warns at each): n_new tokens against one, no stop id; fast.SYNC_FREE reads every DONE_EVERY tokens.
+    fp32: fast.generate_retiring outside autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
+    from infra import fast
+    decode = fast.generate_retiring if fp32 else fast.generate
     counts = []
     for n in (1, n_new):
         with warnings.catch_warnings(record=True) as seen:
@@ -667,8 +666,8 @@ def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
 def gpu_check_generate(ckpt, device):
     """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced),
     and on a GPU the host synchronisations per generated token (goal: under one, issue 38).
-    engine.generate_streams decodes under bf16 autocast on a GPU, as training runs."""
-    from infra import common, engine
+    fast.generate decodes under bf16 autocast on a GPU, as training runs."""
+    from infra import common, fast
     import env
     from data.tasks import generate_tasks
     cuda = device.type == "cuda"
@@ -677,8 +676,8 @@ def gpu_check_generate(ckpt, device):
     rows, n_new = (64, 128) if cuda else (8, 16)
     prompts = [tok.encode(env.render_prompt(t)) for t in generate_tasks("test", rows, seed=0)]
     gen = torch.Generator(device=device).manual_seed(0)
-    engine.generate_streams(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
-    outs, dt = timed(lambda: engine.generate_streams(model, prompts, n_new, temperature=1.0, generator=gen), device)
+    fast.generate(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
+    outs, dt = timed(lambda: fast.generate(model, prompts, n_new, temperature=1.0, generator=gen), device)
     n = sum(len(o["tokens"]) for o in outs)
     syncs = host_syncs_per_token(model, prompts, device) if cuda else None
     syncs32 = host_syncs_per_token(model, prompts, device, fp32=True) if cuda else None
@@ -713,8 +712,8 @@ def gpu_check(out_dir):
     ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
     preset = "gpu" if cuda else "smoke"
     pre = ["train_pretrain.py", "--preset", preset, "--out-dir", os.path.join(out_dir, "pretrain"), "--max-steps", "30",
-           "--eval-every", "30", "--ckpt-every", "30", "--sample-every", "30"]
-    pre += ["--tasks-n", "20000", "--source-mb", "4", "--tok-train-mb", "2", "--val-tokens", "16384"] if cuda else []
+           "--eval-every", "30", "--ckpt-every", "30"]   # and a sample of text at the last step
+    pre += ["--tasks-n", "20000", "--source-mb", "4"] if cuda else []
     rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--out-dir", os.path.join(out_dir, "rl"),
           "--steps", "2", "--no-eval", "--ckpt-every", "0",
           # a 30-step model fails every task: a length penalty gives its groups a spread (room for
@@ -759,9 +758,9 @@ def gpu_check(out_dir):
 # ----------------------------------------------------------------------------------- speculative
 
 def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
-    """Speculative decoding (engine.generate_speculative: the checkpoint's MTP modules draft, one trunk
+    """Speculative decoding (speculative.generate: the checkpoint's MTP modules draft, one trunk
     forward checks; docs/speculative.md) against plain decoding, side by side in one run, on held-out
-    env prompts. Batch 1 is the interactive command's path (agent.py: engine.generate_streams on one
+    env prompts. Batch 1 is the interactive command's path (agent.py: fast.generate on one
     prompt, its preset's temperature 0.8 and 96 new tokens, stop at end-of-text), at temperature 0.8
     and greedy; the RL batch is 16 prompts x 8 samples at temperature 1 (train_rl.py's cpu preset).
     Acceptance per draft position: the share of drafts kept among those reached (every earlier draft
@@ -769,7 +768,7 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
     (on CUDA under bf16 autocast, as generate_streams runs it; the *_cpu_time ratios then count the
     host's time only)."""
     from infra import common
-    from infra import engine
+    from infra import fast, speculative
     import env
     from data import tasks
     path = ckpt if os.path.isabs(ckpt) else os.path.join(ROOT, ckpt)
@@ -789,21 +788,21 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
         """Wall and CPU seconds of each batch (a seed per batch: every repetition samples the same
         tokens) and its tokens. CPU seconds (this process's) do not count the time other processes
         take the cores from it: the steadier figure on a shared machine."""
-        before, engine.SPECULATIVE = engine.SPECULATIVE, spec
+        before, fast.SPECULATIVE = fast.SPECULATIVE, spec
         try:
             secs, toks = [], []
             for i, rows in enumerate(batches):
                 g = torch.Generator(device).manual_seed(i)
                 sync(device)
                 t0, c0 = time.perf_counter(), time.process_time()
-                outs = engine.generate_streams(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
+                outs = fast.generate(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
                                                generator=g, **({"stats": stats} if stats is not None else {}))
                 sync(device)
                 secs.append((time.perf_counter() - t0, time.process_time() - c0))
                 toks.append([o["tokens"] for o in outs])
             return secs, toks
         finally:
-            engine.SPECULATIVE = before
+            fast.SPECULATIVE = before
     one, rl = [[p] for p in prompts], [[p for p in rl_prompts for _ in range(8)]]
     arms = [(0.8, one), (0.0, one), (1.0, rl)]
     run(True, 0.8, one[:1])   # warm-up
@@ -824,8 +823,8 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
         stats[temp] = {k: sum(c[k] for c in calls) for k in ("forwards", "advanced")}
         stats[temp].update({k: [sum(x) for x in zip(*(c[k] for c in calls))] for k in ("reached", "kept")})
     with on_device(device, 1):   # greedy of the whole batch at once, too: ragged prompts, rows retiring
-        batch = engine.generate(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
-        batch_spec = engine.generate_speculative(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
+        batch = fast.generate_retiring(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
+        batch_spec = speculative.generate(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
     identical = toks[(0.0, False)] == toks[(0.0, True)] and [o["tokens"] for o in batch] == [o["tokens"] for o in batch_spec]
     acc = {k: [kept / max(1, r) for kept, r in zip(s["kept"], s["reached"])] for k, s in stats.items()}
     per_fwd = {k: s["advanced"] / s["forwards"] for k, s in stats.items()}
@@ -858,16 +857,19 @@ PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": benc
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
          "compiled": bench_compiled, "speculative": bench_speculative}
 
+from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `error: ...`, exit code 2)
+
 if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
-    check = argparse.ArgumentParser(prog="bench.py gpu-check", description="the GPU path, stage by stage (docs/gpu.md)")
+    check = ArgumentParser(prog="bench.py gpu-check", description="the GPU path, stage by stage (docs/gpu.md)")
     check.add_argument("--out-dir", default="", help="where the runs go (default: a new temporary directory)")
     sys.exit(gpu_check(check.parse_args(sys.argv[2:]).out_dir))
 elif __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
                         help=f"which benchmarks to run (default: all; rl and compiled only without --quick): "
                              f"{', '.join(PARTS)}; the GPU check is its own command: bench.py gpu-check --help")
-    parser.add_argument("--quick", action="store_true", help="shorter runs: the whole set in < 2 min on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
+                        "compiled: about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "

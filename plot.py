@@ -15,16 +15,12 @@ import argparse
 import json
 import os
 import re
-import sys
 
 import matplotlib
 matplotlib.use("Agg")  # files only, no display: the same on a laptop, a server and CI
 import matplotlib.pyplot as plt
 
-
-def die(msg):
-    print(f"plot.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+from infra.cli import ArgumentParser, die   # bad input: one line `error: ...`, exit code 2 (no torch)
 
 
 def read_metrics(path):
@@ -133,7 +129,8 @@ def plot_rl_time(runs, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="plot.py", description=__doc__.split("\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories (with metrics.jsonl, or run.sh's pretrain/ and rl/)")
     p.add_argument("--label", action="append", default=[], help="legend label per run directory (default: its name)")
     p.add_argument("--out-dir", required=True, help="where the PNG files go")

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole Composer-2-style recipe in miniature, end to end:
-#   1. tokenizer + code corpus + continued pretraining of a small MoE   (train_pretrain.py)
-#      + multi-token-prediction modules for speculative decoding      (train_mtp.py)
-#   2. group-relative RL against sandboxed unit-test tasks              (train_rl.py)
-#   3. side-by-side evaluation of the pretrained and the RL checkpoints (eval.py)
-#   4. figures of both runs' curves next to the evaluation table        (plot.py)
+#   pretrain  tokenizer + code corpus + continued pretraining of a small MoE  (train_pretrain.py)
+#   mtp       multi-token-prediction modules for speculative decoding       (train_mtp.py)
+#   rl        group-relative RL against sandboxed unit-test tasks           (train_rl.py)
+#   eval      side-by-side evaluation of the pretrained and RL checkpoints  (eval.py)
+#   plots     figures of the runs' curves next to the evaluation table      (plot.py)
+# Five stages; with TURNS > 1 seven: pretrain -> mtp -> repair -> rl1 -> rl -> eval -> plots (below).
 # Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (times: README)
-#         PRESET=smoke bash run.sh # a one-minute-per-stage check that everything is wired up
+#         PRESET=smoke bash run.sh # a check that everything is wired up, seconds per stage
 #         OUT=runs/mine bash run.sh
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
 #         TURNS=3 bash run.sh      # test feedback: repair data, single-turn RL, RL that also trains repairs,

@@ -103,8 +103,8 @@ def model_with_mtp(init, n_mtp):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="train_mtp.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = common.ArgumentParser(prog="train_mtp.py", description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--init-from", help="the pretrained checkpoint (train_pretrain.py), required")
     p.add_argument("--n-mtp", type=int, help="MTP depth: modules, i.e. tokens drafted per step")
     p.add_argument("--train-trunk", action="store_true", help="train the whole model (adds the LM loss), "

@@ -3,22 +3,23 @@ Phase one of the Composer 2 recipe (arXiv 2603.24477): (continued) pretraining o
 GPT on a code-dominated data mix. The report's finding to honour: lower pretraining loss turned
 into better RL, so this stage must be efficient and its loss trustworthy.
 
-    python train_pretrain.py --preset smoke --out-dir runs/pt-smoke          # < 1 min on 2 cores
+    python train_pretrain.py --preset smoke --out-dir runs/pt-smoke          # seconds on 2 cores
     python train_pretrain.py --preset cpu                                     # ~9-21 min on 2 cores
     OMP_NUM_THREADS=1 python train_pretrain.py --preset cpu     # when other processes share the cores
-    python train_pretrain.py --preset gpu                                     # one GPU, ~1 hour
+    python train_pretrain.py --preset gpu                     # one GPU; add --dry-run for its time estimate
     python -m torch.distributed.run --nproc_per_node 8 train_pretrain.py --preset gpu   # one node
     python -m torch.distributed.run --nnodes 2 --node-rank 0 --master-addr HOST --master-port 29500 \
         --nproc_per_node 8 train_pretrain.py --preset gpu                     # (node-rank 1 on the other)
     # your code (a directory of *.py, or JSONL with a "text" field) mixed with the built-in sources:
-    python train_pretrain.py --data code=~/src/repo --data web=docs.jsonl --mix stdlib=0.3,tasks=0.4,code=0.2,web=0.1
-    python train_pretrain.py --init-from runs/a/ckpt.pt --mix tasks=1 --out-dir runs/b   # continued pretraining
+    python train_pretrain.py --data code=~/src/repo --data web=docs.jsonl \
+        --mix stdlib=0.3,tasks=0.4,code=0.2,web=0.1
+    python train_pretrain.py --init-from runs/a/ckpt.pt --mix tasks=1 --out-dir runs/b   # continued pretrain
     python train_pretrain.py --init-from dense/ckpt.pt --upcycle --n-expert 8 --top-k 2 --out-dir runs/moe
     python train_pretrain.py --init-from runs/b/ckpt.pt --seq-len 1024 --max-steps 200 --out-dir runs/long
-    python train_pretrain.py --preset cpu --out-dir runs/b --resume          # continue exactly where it stopped
+    python train_pretrain.py --preset cpu --out-dir runs/b --resume     # continue exactly where it stopped
 
-Reads top to bottom: presets/args, setup, data (corpus.py: sources -> held-out filter -> split -> tokenizer ->
-token cache), model, optimizer, training loop, summary. --out-dir gets ckpt.pt (model, tokenizer,
+Reads top to bottom: presets/args, setup, data (corpus.py: sources -> held-out filter -> split ->
+tokenizer -> token cache), model, optimizer, training loop, summary. --out-dir gets ckpt.pt (model, tokenizer,
 optimizer, step, RNG, data position, args), tokenizer.json, metrics.jsonl and cache/ (token caches,
 unless --cache-dir). The last stdout line is a JSON summary.
 """
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from infra import common
 from data import corpus
-from infra import engine
+from infra import fast
 import env
 from data import repair
 from data import tasks
@@ -47,23 +48,25 @@ from model import GPT, GPTConfig, MoE
 from infra.surgery import extend_context, upcycle
 from data.tokenizer import Tokenizer
 
-# Presets are defaults, every flag overrides. MoE everywhere (the recipe's model); aux-loss-free
+# Presets. A name with a flag is a default that the flag overrides; the others (n_head, n_kv_head,
+# tok_train_mb, val_tokens, log_every, sample_every, sample_tokens) are settings of the preset alone:
+# edit PRESETS to change them (common.parse_args). MoE everywhere (the recipe's model); aux-loss-free
 # balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss of 1 and
 # of N data-parallel processes identical: no balancing term computed from partial batch counts).
 # The mix is task-heavy: the solved env tasks are the targeted coding data that RL later trains on.
 ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
-        "expert_hidden", "n_dense_layers", "balance")
+        "expert_hidden", "balance")
 PRESETS = {
-    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.0, holdout_n=200,
-                  mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_expert=4,
-                  top_k=2, n_shared_expert=1, expert_hidden=64, n_dense_layers=1, balance="bias",
+    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.0,
+                  holdout_n=200, mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
+                  n_expert=4, top_k=2, n_shared_expert=1, expert_hidden=64, balance="bias",
                   seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
                   log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
     # cpu: 4.9M tokens on 2 cores. Sized for the RL after it, not for its own loss: a longer pretraining
     # left RL more to build on (Finding 1; docs/results.md).
-    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0, holdout_n=1000,
-                mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8,
-                top_k=2, n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias",
+    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0,
+                holdout_n=1000, mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2,
+                n_expert=8, top_k=2, n_shared_expert=1, expert_hidden=128, balance="bias",
                 seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=1200, warmup_steps=50, lr=3e-3,
                 log_every=10, eval_every=300, val_tokens=32768, sample_every=300, sample_tokens=96,
                 ckpt_every=300),
@@ -73,74 +76,71 @@ PRESETS = {
     "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.0,
                 holdout_n=1000,
                 mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
-                top_k=2, n_shared_expert=1, expert_hidden=512, n_dense_layers=1, balance="bias",
+                top_k=2, n_shared_expert=1, expert_hidden=512, balance="bias",
                 seq_len=1024, micro_batch=32, batch_tokens=131072, max_steps=5000, warmup_steps=200,
                 lr=1e-3, log_every=20, eval_every=500, val_tokens=262144, sample_every=1000,
                 sample_tokens=160, ckpt_every=500),
 }
+# Fixed settings, the same in every preset (the flags keep to run settings and the ablations that
+# README.md and docs/recipe.md list).
+DATA_EXT = ".py"      # the files read from a --data directory: Python, the language of the env tasks
+TEXT_FIELD = "text"   # the document field of a --data JSONL file, the usual name in code datasets
+MAX_FILE_KB = 1024    # larger files / documents are skipped (and counted): generated code or data
+VAL_FRAC = 0.02       # documents held out for validation, by content hash (corpus.heldout_code_texts: 0.02)
+N_DENSE_LAYERS = 1    # leading blocks with a dense MLP: Kimi K2's one (DeepSeek-V3 has three)
+MIN_LR_FRAC = 0.0     # WSD decays the LR to 0 ...
+DECAY_FRAC = 0.2      # ... over the last 20% of the steps (Hägele et al. 2024: this cooldown matches cosine)
+WEIGHT_DECAY = 0.1    # AdamW decay of matmul weights, as nanoGPT and OLMo
+GRAD_CLIP = 1.0       # global gradient-norm clip, as nanoGPT and OLMo
+COMPILE = False       # torch.compile the training model: eager, as every preset ran (never timed here)
+PREP_WAIT_MIN = 120   # minutes the other ranks wait for rank 0's prepared data (gpu preset: 15-30 min)
 
-p = argparse.ArgumentParser(prog="train_pretrain.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = common.ArgumentParser(prog="train_pretrain.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 a = p.add_argument
-a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra source: a directory (files by "
-  "--data-ext) or a .jsonl file (--text-field); repeatable; NAME: data, data2, ...; weight it in --mix")
+a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra source: a directory (its "
+  "*.py files) or a .jsonl file (a \"text\" field per line); repeatable; NAME: data, data2, ...; weight it "
+  "in --mix")
 a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built in: stdlib (this "
   "interpreter's Python stdlib), tasks (solved env train-split tasks)")
-a("--data-ext", default=".py", help="comma list of file extensions read from --data directories")
-a("--text-field", default="text", help="JSON field holding the document in --data JSONL files")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
 a("--task-difficulties", default="", help="difficulty levels of those tasks, as train_rl.py's --difficulties "
   "(e.g. 1-5: every level equally often); empty = the task world's own mix, mostly 3-4 step programs")
 a("--repair-frac", type=float, help="fraction of those tasks that also get a repair transcript (repair.py: a "
   "wrong body, the sandbox's feedback, the fix); 0 = none")
 a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
-a("--max-file-kb", type=float, default=1024, help="skip (and count) files/documents larger than this")
-a("--val-frac", type=float, default=0.02, help="fraction of documents (by content hash) held out for validation")
 a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose functions and prompts "
   "never reach training; HumanEval's and the canaries' are always excluded")
 a("--cache-dir", help="token/tokenizer cache, default OUT_DIR/cache; share it between runs")
 a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained once per corpus, cached)")
-a("--tok-train-mb", type=float, help="MB of training documents, shared by mix weight, the BPE is trained on")
-a("--tokenizer", help="use this tokenizer.json instead of training one")
 # architecture (ignored with --init-from / --resume, which use the checkpoint's; --upcycle reads the MoE ones)
-for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"), ("n-head", "query heads"),
-                   ("n-kv-head", "key/value heads (grouped-query attention)"), ("top-k", "experts per token"),
+for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"),
+                   ("top-k", "experts per token"),
                    ("n-expert", "routed experts per MoE layer (--n-expert 1 --top-k 1: dense)"),
-                   ("n-shared-expert", "always-on shared experts"), ("expert-hidden", "hidden width of an expert"),
-                   ("n-dense-layers", "leading blocks with a dense MLP")]:
+                   ("n-shared-expert", "always-on shared experts"),
+                   ("expert-hidden", "hidden width of an expert")]:
     a(f"--{flag}", type=int, help=text)
 a("--balance", choices=["aux", "bias", "none"], help="MoE balancing: Switch aux loss + z-loss, DeepSeek-V3 "
   "aux-loss-free bias, none")
 a("--seq-len", type=int, help="training context; with --init-from: default the checkpoint's, longer = "
   "context extension (NTK-aware RoPE base scaling)")
-a("--init-from", help="checkpoint to continue pretraining from (weights + tokenizer; fresh optimizer, LR re-warmup)")
-a("--upcycle", action="store_true", help="sparse-upcycle the dense --init-from checkpoint to --n-expert/--top-k")
+a("--init-from", help="checkpoint to continue pretraining from (weights + tokenizer; fresh optimizer, LR "
+  "re-warmup)")
+a("--upcycle", action="store_true", help="sparse-upcycle the dense --init-from checkpoint to "
+  "--n-expert/--top-k")
 a("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt (optimizer, step, data "
   "position, RNG): rerun the same command plus --resume")
 a("--lr", type=float, help="peak learning rate (AdamW)")
-a("--min-lr-frac", type=float, default=0.0, help="LR at the end of the decay, as a fraction of --lr")
 a("--warmup-steps", type=int, help="linear warmup steps")
-a("--decay-frac", type=float, default=0.2, help="final fraction of --max-steps with linear LR decay (WSD)")
-a("--weight-decay", type=float, default=0.1, help="AdamW decay of matmul weights (not norms/embeddings)")
-a("--grad-clip", type=float, default=1.0, help="clip the global gradient norm (0 = off)")
 a("--batch-tokens", type=int, help="global batch in tokens, the same whatever the number of processes")
-a("--micro-batch", type=int, help="sequences per forward pass per process (gradient accumulation fills the rest)")
+a("--micro-batch", type=int, help="sequences per forward pass per process (gradient accumulation fills the "
+  "rest)")
 a("--max-steps", type=int, help="optimizer steps (the LR schedule spans them)")
 a("--stop-at-step", type=int, default=0, help="stop and checkpoint after this step, schedule unchanged "
   "(a time slot; --resume continues); 0 = off")
-a("--compile", action="store_true", help="torch.compile the model")
-a("--log-every", type=int, help="steps between MoE metric records (loss etc. are logged every step)")
 a("--eval-every", type=int, help="steps between validation loss / bits-per-byte (and at the end)")
-a("--val-tokens", type=int, help="validation tokens per source")
-a("--sample-every", type=int, help="steps between generated samples for an env test prompt (0 = off)")
-a("--sample-tokens", type=int, help="tokens per generated sample")
 a("--ckpt-every", type=int, help="steps between checkpoints (and at the end)")
-a("--peak-flops", type=float, default=0.0, help="peak FLOP/s per process for MFU; 0 = the device's dense bf16 "
-  "peak on CUDA (common.DEVICES), on CPU the measured rate of a 1024^3 fp32 matmul")
-a("--prep-wait-min", type=float, default=120, help="minutes the other ranks wait for rank 0's prepared data "
-  "(a file in the cache directory) before giving up")
 common.add_plan_args(p)
-a("--debug-nan-at-step", type=int, default=0, help="testing: make the loss NaN at this step")
 argv = sys.argv[1:]
 args = common.parse_args(p, PRESETS, argv)
 # flags typed on the command line (the preset fills the rest): these win over a checkpoint's values
@@ -174,11 +174,12 @@ init = ckpt = tok = None
 if resume or args.init_from:
     init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="cpu")
     if resume:
-        keep = given | {"resume", "stop_at_step", "debug_nan_at_step", "dry_run", "world_size", "plan_device",
-                        "plan_mfu", "prep_wait_min"}   # run control, not the run's definition
+        keep = given | {"resume", "stop_at_step", "dry_run", "world_size", "plan_device"}   # run control
         vars(args).update({k: v for k, v in ckpt["args"].items() if k not in keep})
     if "seq_len" not in given and not resume:
         args.seq_len = init.config.seq_len
+# corpus.py reads its settings from args, and the data's key (PREP_ARGS) is made from there too
+args.data_ext, args.text_field, args.max_file_kb, args.val_frac = DATA_EXT, TEXT_FIELD, MAX_FILE_KB, VAL_FRAC
 if args.upcycle and not args.init_from:
     common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
 try:
@@ -187,16 +188,10 @@ except ValueError as e:
     common.die(f"--task-difficulties: {e}")
 if not 0 <= args.repair_frac <= 1:
     common.die(f"--repair-frac must be between 0 and 1, got {args.repair_frac}")
-for flag in ("source_mb", "tok_train_mb"):
-    if not getattr(args, flag) >= 0:
-        common.die(f"--{flag.replace('_', '-')} must be >= 0 (0 = no cap), got {getattr(args, flag)}")
+if not args.source_mb >= 0:
+    common.die(f"--source-mb must be >= 0 (0 = no cap), got {args.source_mb}")
 user_data, mix = corpus.parse_sources(args.data, args.mix)
 
-if tok is None and args.tokenizer:
-    try:
-        tok = Tokenizer.load(args.tokenizer)
-    except (OSError, ValueError) as e:
-        common.die(f"--tokenizer: {e}")
 T = args.seq_len
 mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batch, "micro_batch" in given)
 
@@ -204,6 +199,7 @@ mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batc
 def dry_run():
     """--dry-run: the plan for --world-size processes on --plan-device (common.py), then exit."""
     cfg = init.config if init is not None else GPTConfig(vocab_size=args.vocab_size, seq_len=T,
+                                                         n_dense_layers=N_DENSE_LAYERS,
                                                          **{k: getattr(args, k) for k in ARCH})
     name, peak, mem = common.plan_device(args)
     n_total, n_active, flops_per_token = common.model_plan(cfg)
@@ -212,9 +208,9 @@ def dry_run():
         "script": "train_pretrain.py", "preset": args.preset, "world_size": world, "device_type": name,
         "tokens_per_step": args.batch_tokens, "micro_batch": mbs, "grad_accum": accum, "seq_len": T,
         "steps": args.max_steps, "tokens": tokens, "params_total": n_total, "params_active": n_active,
-        "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": args.plan_mfu,
+        "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": common.PLAN_MFU,
         "est_gpu_mem_gb": round(common.memory_gb(cfg, n_total, mbs, T), 1),
-        "est_run_min": round(flops_per_token * tokens / (world * peak * args.plan_mfu) / 60, 1),
+        "est_run_min": round(flops_per_token * tokens / (world * peak * common.PLAN_MFU) / 60, 1),
         "model_config": dataclasses.asdict(cfg)}, mem)
 
 
@@ -225,11 +221,11 @@ if args.dry_run:
 # ---------------------------------------------------------------------------------------------
 # Data (corpus.py): sources -> dedupe -> held-out filter -> split -> tokenizer -> token caches.
 
-# What the prepared data depends on: these flags, a given tokenizer (--tokenizer, --init-from's; a
-# resumed run's own was trained from this data), the --data files as they are now, this interpreter
-# (the stdlib source) and the code that makes the data.
-PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "source_mb", "max_file_kb",
-             "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
+# What the prepared data depends on: these settings, --init-from's tokenizer (a resumed run's own was
+# trained from this data), the --data files as they are now, this interpreter (the stdlib source) and
+# the code that makes the data.
+PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "source_mb",
+             "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
 DATA_CODE = ("corpus", "tasks", "world", "families", "repair", "tokenizer")
 
 
@@ -240,12 +236,13 @@ def prepared_data():
     directory must be on a filesystem they all see at the same path."""
     paths = []
     for path in user_data.values():
-        paths += [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+        paths += ([path] if os.path.isfile(path)
+                  else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs])
     files = sorted((f, os.path.getsize(f), os.path.getmtime(f)) for f in paths)
     here = os.path.dirname(os.path.abspath(__file__))
     code = [open(os.path.join(here, "data", f"{m}.py")).read() for m in DATA_CODE]
-    key = corpus.doc_hash(json.dumps([{k: getattr(args, k) for k in PREP_ARGS}, mix, user_data, files, sys.version,
-                                      tok.fingerprint() if args.init_from or args.tokenizer else None, code]))[:16]
+    key = corpus.doc_hash(json.dumps([{k: getattr(args, k) for k in PREP_ARGS}, mix, user_data, files,
+                                      sys.version, tok.fingerprint() if args.init_from else None, code]))[:16]
     manifest = os.path.join(cache_dir, f"prepared-{key}.json")
 
     def ready():
@@ -261,11 +258,11 @@ def prepared_data():
                               lambda: repair.tasks_source(args))
         with common.atomic_open(manifest) as f:
             json.dump(prep, f)
-    deadline = time.time() + 60 * args.prep_wait_min
+    deadline = time.time() + 60 * PREP_WAIT_MIN
     while not ready():
         if time.time() > deadline:
-            common.die(f"rank {rank}: no prepared data at {manifest} after --prep-wait-min {args.prep_wait_min}: "
-                       "on several nodes, --out-dir (or --cache-dir) must be on a filesystem every node sees")
+            common.die(f"rank {rank}: no prepared data at {manifest} after {PREP_WAIT_MIN} minutes: on "
+                       "several nodes, --out-dir (or --cache-dir) must be on a filesystem every node sees")
         time.sleep(2)
     with open(manifest) as f:
         return json.load(f)
@@ -281,7 +278,8 @@ arrays = corpus.open_caches(prep)
 names = list(mix)
 for name in names:
     if len(arrays[f"{name}/train"]) <= T:
-        common.die(f"source {name!r} has only {len(arrays[name + '/train'])} training tokens; need more than --seq-len {T}")
+        common.die(f"source {name!r} has only {len(arrays[name + '/train'])} training tokens; need more than "
+                   f"--seq-len {T}")
 weights = np.array([mix[n] for n in names]) / sum(mix.values())
 lens = np.array([len(arrays[f"{n}/train"]) for n in names])
 
@@ -298,7 +296,8 @@ def get_batch(step):
     src = rng.choice(len(names), size=n, p=weights)
     starts = (rng.random(n) * (lens[src] - T)).astype(np.int64)
     rows = [(m * world + rank) * mbs + j for m in range(accum) for j in range(mbs)]
-    xy = np.stack([arrays[f"{names[src[i]]}/train"][starts[i]:starts[i] + T + 1] for i in rows]).astype(np.int64)
+    xy = np.stack([arrays[f"{names[src[i]]}/train"][starts[i]:starts[i] + T + 1] for i in rows])
+    xy = xy.astype(np.int64)
     return torch.from_numpy(xy).to(device, non_blocking=True)
 
 
@@ -306,7 +305,8 @@ def get_batch(step):
 # Model: from scratch, from --init-from (optionally upcycled / context-extended), or resumed.
 
 if init is None:
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=T, **{k: getattr(args, k) for k in ARCH}))
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=T, n_dense_layers=N_DENSE_LAYERS,
+                          **{k: getattr(args, k) for k in ARCH}))
 else:
     model = init
     if model.config.n_mtp and not resume:
@@ -314,7 +314,8 @@ else:
         # never uses them, and DDP refuses parameters that get no gradient
         model.mtp, model.config.n_mtp = nn.ModuleList(), 0
         if master:
-            print("--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)", file=sys.stderr)
+            print("--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)",
+                  file=sys.stderr)
     if args.upcycle and not resume:
         if model.config.n_expert != 1:
             common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
@@ -323,16 +324,18 @@ else:
         old = model.config
         model, theta = extend_context(model, T)
         if master:
-            print(f"context extension {old.seq_len} -> {T}: rope_theta {old.rope_theta:g} -> {theta:g}", file=sys.stderr)
+            print(f"context extension {old.seq_len} -> {T}: rope_theta {old.rope_theta:g} -> {theta:g}",
+                  file=sys.stderr)
 if tok.vocab_size > model.config.vocab_size:
     common.die(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
 raw = model.to(device)
-if args.compile:
+if COMPILE:
     if device.type == "cpu":   # F.grouped_mm's compile-time kernel is bf16-only: per-expert matmuls instead
         MoE.dispatch = "sorted"
     model = torch.compile(model)
 if ddp:
-    model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = nn.parallel.DistributedDataParallel(model,
+                                                device_ids=[local_rank] if device.type == "cuda" else None)
 n_total, n_active = raw.num_params()
 
 # AdamW. Weight decay only on matmul weights (ndim >= 2, stacked experts included): norm gains are
@@ -342,7 +345,7 @@ emb = {id(m.weight) for m in raw.modules() if isinstance(m, nn.Embedding)}
 params = [q for q in raw.parameters() if q.requires_grad]
 decay = [q for q in params if q.ndim >= 2 and id(q) not in emb]
 no_decay = [q for q in params if q.ndim < 2 or id(q) in emb]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
                               eps=1e-8, fused=device.type == "cuda")
 start_step = 0
@@ -354,16 +357,16 @@ if resume:
 
 def lr_at(step):
     """Warmup-Stable-Decay (MiniCPM, Hu et al. 2024; Hägele et al. 2024): linear warmup, a plateau,
-    linear decay over the last --decay-frac. The plateau does not depend on the run length (unlike
+    linear decay over the last DECAY_FRAC. The plateau does not depend on the run length (unlike
     cosine), so a stable-phase checkpoint can be continued or decayed later; --init-from warms up
     again because its fresh optimizer has no moment estimates yet."""
-    decay_start = int(args.max_steps * (1 - args.decay_frac))
+    decay_start = int(args.max_steps * (1 - DECAY_FRAC))
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
     if step < decay_start:
         return args.lr
     frac = (args.max_steps - step) / max(1, args.max_steps - decay_start)
-    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * frac)
+    return args.lr * (MIN_LR_FRAC + (1 - MIN_LR_FRAC) * frac)
 
 
 token_bytes = corpus.token_bytes(tok, device)     # for bits-per-byte (corpus.py)
@@ -372,8 +375,9 @@ token_bytes = corpus.token_bytes(tok, device)     # for bits-per-byte (corpus.py
 @torch.no_grad()
 def evaluate():
     """Validation CE (nats/token) and bits-per-byte per source and pooled, on fixed windows of the
-    first --val-tokens of each source's validation stream. Every rank evaluates the same windows
-    (they are few): no collective needed, and no-grad forwards never touch the MoE load counters."""
+    first val_tokens (a preset setting) of each source's validation stream. Every rank evaluates the
+    same windows (they are few): no collective needed, and no-grad forwards never touch the MoE load
+    counters."""
     raw.eval()
     out, tot = {}, np.zeros(4)
     for name in names:
@@ -381,8 +385,8 @@ def evaluate():
         n = min(len(arr) - 1, args.val_tokens) // T
         if n <= 0:
             continue
-        xs, ys = corpus.inputs_targets(torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device),
-                                     tok.vocab_size)
+        window = torch.from_numpy(np.asarray(arr[:n * T + 1], dtype=np.int64)).to(device)
+        xs, ys = corpus.inputs_targets(window, tok.vocab_size)
         xs, ys = xs.view(n, T), ys.view(n, T)
         s = np.zeros(4)   # nats (all targets), targets, nats (targets with bytes), bytes
         for i in range(0, n, mbs):
@@ -407,7 +411,7 @@ def sample_text(step):
     """A short completion of a held-out env prompt, to watch the model learn to write code."""
     gen = torch.Generator(device=device).manual_seed(args.seed + step)   # not the training RNG
     raw.eval()
-    out = engine.generate_streams(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
+    out = fast.generate(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
                                   temperature=0.8, stop_ids=(tok.eot_id,), generator=gen)[0]
     raw.train()
     return env.extract_completion(tok.decode(out["tokens"]))
@@ -416,24 +420,30 @@ def sample_text(step):
 # ---------------------------------------------------------------------------------------------
 # Training loop
 
-# MFU's peak: on CUDA the dense bf16 peak of this device (common.DEVICES, or --peak-flops). On CPU a
-# datasheet peak means little on a shared VM, so MFU is against what a 1024^3 fp32 matmul reaches
-# here with this process's threads (the fastest of 20, so a neighbour's load does not lower it).
-peak = common.peak_flops(device, args.peak_flops)
+# MFU's peak: on CUDA the dense bf16 peak of this device (common.DEVICES). On CPU a datasheet peak
+# means little on a shared VM, so MFU is against what a 1024^3 fp32 matmul reaches here with this
+# process's threads (the fastest of 20, so a neighbour's load does not lower it); a GPU missing from
+# the table is measured the same way, with a 4096^3 bf16 matmul.
+cuda = device.type == "cuda"
+peak = common.peak_flops(device) if cuda and common.device_spec(torch.cuda.get_device_name(device)) else None
 if peak is None:
-    x, best = torch.randn(1024, 1024), float("inf")
+    size, dtype = (4096, torch.bfloat16) if cuda else (1024, torch.float32)
+    x, best = torch.randn(size, size, dtype=dtype).to(device), float("inf")
     for _ in range(20):
         t0 = time.perf_counter()
         x @ x
+        if cuda:
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    peak = 2 * 1024 ** 3 / best
+    peak = 2 * size ** 3 / best
 peak *= world
 flops_per_token = raw.estimate_flops_per_token()
 tokens_per_step = accum * mbs * T * world
 if master:
-    print(f"model: {n_total / 1e6:.2f}M params, {n_active / 1e6:.2f}M active | {world} proc x {accum} accum x "
-          f"{mbs} seq x {T} = {tokens_per_step} tokens/step | mix: "
-          + ", ".join(f"{n} {w:.2f} ({lens[i] / 1e6:.2f}M tok)" for i, (n, w) in enumerate(zip(names, weights))),
+    print(f"model: {n_total / 1e6:.2f}M params, {n_active / 1e6:.2f}M active | {world} proc x {accum} accum "
+          f"x {mbs} seq x {T} = {tokens_per_step} tokens/step | mix: "
+          + ", ".join(f"{n} {w:.2f} ({lens[i] / 1e6:.2f}M tok)"
+                      for i, (n, w) in enumerate(zip(names, weights))),
           file=sys.stderr)
 losses, step_times, val = [], [], {}
 bar = tqdm(range(start_step, args.max_steps), disable=not master, dynamic_ncols=True, file=sys.stderr,
@@ -454,9 +464,7 @@ for step in bar:
                 _, loss = model(x, y)
             (loss / accum).backward()
         loss_sum += loss.detach()
-    if step + 1 == args.debug_nan_at_step:
-        loss_sum *= float("nan")
-    gnorm = torch.nn.utils.clip_grad_norm_(params, args.grad_clip or float("inf")).item()
+    gnorm = torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP or float("inf")).item()
     loss_val = common.all_reduce_mean(loss_sum.item() / accum)
     if not (math.isfinite(loss_val) and math.isfinite(gnorm)):   # same values on every rank: all stop
         good = (torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"]
@@ -464,7 +472,8 @@ for step in bar:
         bar.close()
         common.cleanup_ddp()
         common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "
-                   f"before applying it; last good checkpoint: " + (f"{ckpt_path} (step {good})" if good else "none")
+                   "before applying it; last good checkpoint: "
+                   + (f"{ckpt_path} (step {good})" if good else "none")
                    + "; try a lower --lr, or --resume from it")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -483,13 +492,16 @@ for step in bar:
         val = evaluate()
         rec.update(val)
         if master and val:
-            tqdm.write(f"step {step + 1}: val loss {val['val_loss']:.4f}, {val['val_bpb']:.4f} bits/byte", file=sys.stderr)
+            tqdm.write(f"step {step + 1}: val loss {val['val_loss']:.4f}, {val['val_bpb']:.4f} bits/byte",
+                       file=sys.stderr)
     if master and args.sample_every and ((step + 1) % args.sample_every == 0 or last):
         rec["sample"] = sample_text(step + 1)
-        tqdm.write(f"--- sample, step {step + 1}:\n{env.render_prompt(sample_task)}{rec['sample']}\n---", file=sys.stderr)
+        tqdm.write(f"--- sample, step {step + 1}:\n{env.render_prompt(sample_task)}{rec['sample']}\n---",
+                   file=sys.stderr)
     if master:
         common.log_metrics(metrics_path, rec)
-        bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{tok_s:.0f}", mfu=f"{100 * rec['mfu']:.1f}%", lr=f"{lr:.2e}")
+        bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{tok_s:.0f}", mfu=f"{100 * rec['mfu']:.1f}%",
+                        lr=f"{lr:.2e}")
     if ((step + 1) % args.ckpt_every == 0 or last) and master:   # data position = the step (see get_batch)
         common.save_checkpoint(ckpt_path, raw, tok, optimizer=optimizer.state_dict(), step=step + 1,
                                rng=common.rng_state(), data={"seed": args.seed, "step": step + 1},

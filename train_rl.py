@@ -3,7 +3,7 @@ Phase two of the Composer 2 recipe (arXiv 2603.24477): group-relative policy-gra
 sandboxed unit-test tasks, in the very harness eval.py measures with (env.render_prompt ->
 engine.sample_completions -> env.extract_completion -> env.SandboxPool).
 
-    python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # < 1 min
+    python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # seconds
     python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl                  # cpu, ~14 min
     python train_rl.py --preset gpu --init-from runs/gpu/pretrain/ckpt.pt --out-dir runs/gpu/rl
     python -m torch.distributed.run --nproc_per_node 8 train_rl.py --preset gpu --init-from CKPT --out-dir DIR
@@ -45,7 +45,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from infra import common
-from infra import engine
+from infra import fast
 import env
 from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss, token_logprobs,
                      token_weights)
@@ -77,8 +77,8 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------
 # Arguments
 
-p = argparse.ArgumentParser(prog="train_rl.py", description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = common.ArgumentParser(prog="train_rl.py", description=__doc__.split("\n\n")[0],
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 g = p.add_argument_group("run")
 g.add_argument("--init-from", default=None, help="checkpoint to start from (train_pretrain.py's ckpt.pt)")
 g.add_argument("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt")
@@ -94,7 +94,7 @@ g.add_argument("--max-new-tokens", type=int, help="generation budget per complet
 g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is "
                                              "generated (no overlap when one call holds a round, as in the cpu preset)")
 g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-               help="decode steps through torch.compile (engine.COMPILE; CPU-tested). Off in every preset: "
+               help="decode steps through torch.compile (fast.COMPILE; CPU-tested). Off in every preset: "
                     "see docs/notes.md (compiled decode)")
 g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
                help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
@@ -166,7 +166,7 @@ g.add_argument("--eval-seed", type=int, default=0, help="seed of the held-out en
 g.add_argument("--no-eval", action="store_true", help="skip every held-out eval (tests; run.sh's episode stage, "
                                                       "which its eval stage measures)")
 g.add_argument("--ckpt-every", type=int, help="steps between checkpoints (and at the end; 0 = end only)")
-common.add_plan_args(p)   # --dry-run, --world-size, --plan-device, --plan-mfu
+common.add_plan_args(p)   # --dry-run, --world-size, --plan-device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,33 +217,8 @@ def rl_step(ctx, step):
     statistics (rl/metrics.py new_stats). Every rank takes part, with or without groups of its own."""
     args, model, optimizer = ctx.args, ctx.model, ctx.optimizer
     stats = new_stats(args)
-    # This rank's --batch-tasks / W groups with signal: first the groups the last step left over
-    # (sampled before its update, the PPO ratio corrects for that; trained on once, else dropped),
-    # then a round of fresh tasks; with DAPO's dynamic sampling, up to --ds-max-tries more rounds.
-    groups, ctx.state["queue"] = ctx.state["queue"][:ctx.per_rank], []
-    stats["queued_groups"] += len(groups)
-    for attempt in range(1 + (args.ds_max_tries if args.dynamic_sampling else 0)):
-        need = ctx.per_rank - len(groups)
-        if need <= 0:
-            break
-        tasks, keys = rollouts.draw_tasks(ctx, need, stats)     # the train stream's next tasks
-        # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
-        # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
-        samples, results = ctx.rollout(ctx, tasks, keys, 7919 * step + 104_729 * attempt + ctx.rank, stats)
-        scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
-        # reward: correctness, minus the length cost and the k1 KL when they are on
-        correct, reward = rollouts.rewards(ctx, scored, stats)
-        # advantage: reward - group mean (Dr. GRPO); group 2i: task i, 2i + 1: repairs of one of its
-        # failed attempts. A group is kept if its CORRECTNESS varies (DAPO): a length cost or KL makes
-        # almost every shaped reward differ, and all-pass / all-fail groups would train on that noise.
-        ids = [2 * s["task_idx"] + bool(s.get("repair")) for s, _ in scored]
-        adv, keep = group_advantages(reward, ids, std=args.adv_std,
-                                     signal_from=correct if args.dynamic_sampling else None)
-        rollouts.tally_samples(tasks, samples, results, ids, keep, stats)
-        fresh = rollouts.signal_groups(scored, ids, adv, keep)
-        groups += fresh[:need]
-        ctx.state["queue"] = fresh[need:ctx.per_rank + need]     # the surplus (repair groups: two a task)
-        stats["rounds"] += 1
+    # sample -> reward -> advantage, in rounds, until this rank has its share of groups with signal
+    groups = groups_with_signal(ctx, step, stats)
 
     t0 = time.time()
     batches, advs, counts = training_batches(ctx, groups)     # micro-batches; counts over all ranks
@@ -270,6 +245,45 @@ def rl_step(ctx, step):
     stats["moe"] = model.moe_metrics() if model.n_moe_layers and counts.n_seqs else {}
     stats["train_s"] += time.time() - t0
     return stats
+
+
+def groups_with_signal(ctx, step, stats):
+    """This rank's --batch-tasks / W groups for one step, each a group whose correctness varies: first
+    the groups the last step left over (sampled before its update, the PPO ratio corrects for that;
+    trained on once, else dropped), then rounds of fresh tasks (sample_round). With DAPO's dynamic
+    sampling (Yu et al. 2025) up to ds_max_tries more rounds replace the groups without signal; the
+    surplus of the last round waits in the queue for the next step."""
+    groups, ctx.state["queue"] = ctx.state["queue"][:ctx.per_rank], []
+    stats["queued_groups"] += len(groups)
+    for n in range(1 + (ctx.args.ds_max_tries if ctx.args.dynamic_sampling else 0)):
+        need = ctx.per_rank - len(groups)
+        if need <= 0:
+            break
+        fresh = sample_round(ctx, need, rollouts.Seed(step, round=n, rank=ctx.rank), stats)
+        groups += fresh[:need]
+        ctx.state["queue"] = fresh[need:ctx.per_rank + need]     # the surplus (repair groups: two a task)
+        stats["rounds"] += 1
+    return groups
+
+
+def sample_round(ctx, need, seed, stats):
+    """One sampling round, sample -> reward -> advantage: the rollouts of the train stream's next
+    tasks, their rewards, and the groups worth training on with each sample's advantage."""
+    args = ctx.args
+    tasks, keys = rollouts.draw_tasks(ctx, need, stats)     # the train stream's next tasks
+    # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
+    # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
+    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)
+    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
+    # reward: correctness, minus the length cost and the k1 KL when they are on
+    correct, reward = rollouts.rewards(ctx, scored, stats)
+    # advantage: reward - group mean (Dr. GRPO), over the groups the rollout function labelled. A group
+    # is kept if its CORRECTNESS varies (DAPO): a length cost or KL makes almost every shaped reward
+    # differ, and all-pass / all-fail groups would train on that noise.
+    groups = [s["group"] for s, _ in scored]
+    adv, keep = group_advantages(reward, groups, std=args.adv_std, signal_from=correct if args.dynamic_sampling else None)
+    rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
+    return rollouts.signal_groups(scored, adv, keep)
 
 
 def training_batches(ctx, groups):
@@ -377,7 +391,7 @@ def score_canary(ctx, step, stats):
         return
     task = ctx.canaries[(step // args.canary_every) % len(ctx.canaries)]
     attempt = rollouts.episodes if args.turns > 1 else rollouts.single_turn     # first attempts, no repairs
-    _, results = attempt(ctx, [task], [-1 - step], 7919 * step + 3, stats)
+    _, results = attempt(ctx, [task], [-1 - step], rollouts.Seed(step, part="canary"), stats)
     stats["canary_passes"] += sum(r.passed for r in results)
     stats["canary_samples"] += len(results)
 
@@ -514,7 +528,7 @@ def setup(args):
     streams, the frozen reference (for --kl-coef) and the resumable `state`."""
     rank, _, world, device = common.setup_ddp(args.device)
     check_args(args, world)
-    engine.COMPILE = args.compile_decode
+    fast.COMPILE = args.compile_decode
     levels = levels_of("--difficulties", args.difficulties)
     stream, test_tasks = task_sets(args, levels)
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")

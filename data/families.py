@@ -6,7 +6,7 @@ argument names and whose params ({c}, ...) are constants stated plainly in the d
 model can learn to copy them. Outputs are computed by running the reference body (trusted code) on
 sampled inputs (tasks.py builds the tasks; world.py is the ninth, compositional family).
 
-    python -c "import families; print(len(families.VARIANTS), sorted({v.family for v in families.VARIANTS}))"
+    python -c "from data import families; print(len(families.VARIANTS), sorted({v.family for v in families.VARIANTS}))"
 
 Stdlib only; imports nothing from the project (tasks.py and world.py import it).
 """

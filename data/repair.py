@@ -7,11 +7,10 @@ feedback into pretraining. A transcript is a train task's prompt, a plausible wr
 of the reference, as in mutation testing), the feedback the sandbox really gave on the docstring's
 examples, and the reference body.
 
-    python repair.py --n 2000 --show 2     # transcripts of 2,000 train tasks: counts, outcomes, time
+    python -m data.repair --n 2000 --show 2     # transcripts of 2,000 train tasks: counts, outcomes, time
 
 Stdlib + env + tasks only (no torch): task_docs / tasks_source build the pretraining "tasks" source with it.
 """
-import argparse
 import ast
 import builtins
 import collections
@@ -27,6 +26,7 @@ from contextlib import nullcontext
 import env
 from data import tasks
 from data import world
+from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2
 
 # ----------------------------------------------------------------------------- mutants
 # Each rewrite takes an AST node and returns its wrong twin, or None where it does not apply. They
@@ -289,7 +289,8 @@ def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[Transcript]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Repair transcripts of train tasks: counts, outcomes, time.")
+    ap = ArgumentParser(prog="python -m data.repair",
+                        description="Repair transcripts of train tasks: counts, outcomes, time.")
     ap.add_argument("--n", type=int, default=2000, help="train tasks")
     ap.add_argument("--seed", type=int, default=0, help="generator seed (also the transcripts' seed)")
     ap.add_argument("--frac", type=float, default=0.25, help="fraction of tasks that get a transcript")

@@ -25,7 +25,6 @@ canonicalised, see function_identity), never on its names, and every test task c
 HumanEval and canary identities are reserved: no train task has them. tests/test_leakage.py proves
 all of it on 50,000 train tasks. Stdlib only.
 """
-import argparse
 import ast
 import dataclasses
 import functools
@@ -36,11 +35,11 @@ import json
 import math
 import os
 import re
-import sys
 import textwrap
 import time
 
 import env
+from infra.cli import ArgumentParser, die   # bad input: one line `error: ...`, exit code 2
 from data import families as fam   # the 8 template families (data); world.py is the ninth
 from data import world
 
@@ -468,7 +467,7 @@ def make_task(split, seed, index, difficulties=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Coding tasks and sandbox: export, show or check ")
+    ap = ArgumentParser(prog="python -m data.tasks", description="Coding tasks and sandbox: export, show or check")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("stats", help="distinct function identities among --n train tasks")
     st.add_argument("--n", type=int, default=100_000, help="number of train tasks")
@@ -499,8 +498,7 @@ def main(argv=None):
         levels = parse_difficulties(a.difficulties)
         todo = load_humaneval() if a.humaneval else generate_tasks(a.split, a.n, a.seed, levels, fams)
     except (ValueError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        die(str(e))
     todo += canary_tasks() if a.canaries else []
     summary = {"cmd": a.cmd, "n_tasks": len(todo)}
     if a.cmd == "export":

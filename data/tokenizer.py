@@ -1,9 +1,9 @@
 """
 A byte-level BPE tokenizer for code: our own trainer, tiktoken for encoding/decoding.
 
-    python tokenizer.py train --vocab-size 8192 --out tok.json        # train on the stdlib sources
-    python tokenizer.py train --vocab-size 2048 --max-mb 2 --out tok.json
-    python -c "import tokenizer as t; tk = t.Tokenizer.load('tok.json'); print(tk.encode('def f(x):'))"
+    python -m data.tokenizer train --vocab-size 8192 --out tok.json        # train on the stdlib sources
+    python -m data.tokenizer train --vocab-size 2048 --max-mb 2 --out tok.json
+    python -c "from data.tokenizer import Tokenizer; print(Tokenizer.load('tok.json').encode('def f(x):'))"
 
 Why its own module: the pretraining, RL and eval scripts must all tokenize *identically*
 (checkpoints embed `to_dict()`, the harness relies on the prefix property below), so the
@@ -19,7 +19,6 @@ smallest (left id, right id), so the result is deterministic and equals the naiv
 Encoding goes through a `tiktoken.Encoding` built from the trained ranks (fast, battle-tested,
 byte-exact round trip); it is never fetched from the network (no `tiktoken.get_encoding`).
 """
-import argparse
 import base64
 import hashlib
 import heapq
@@ -264,7 +263,9 @@ def stdlib_texts(max_mb: float | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="Train the code BPE tokenizer on the stdlib sources.")
+    from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2
+    ap = ArgumentParser(prog="python -m data.tokenizer",
+                        description="Train the code BPE tokenizer on the stdlib sources.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     tr = sub.add_parser("train", help="train and save a tokenizer JSON")
     tr.add_argument("--vocab-size", type=int, default=8192, help="total vocab incl. the 2 special tokens")

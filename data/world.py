@@ -17,7 +17,6 @@ the reference solution is those statements one after another, never a call into 
 The same text, compiled once per primitive, is what runs to produce the examples and hidden tests, so
 the docstring, the solution and the outputs cannot drift apart. Stdlib only.
 """
-import argparse
 import builtins
 import dataclasses
 import functools
@@ -492,7 +491,8 @@ def _example(seed):
     print(f"# difficulty {spec['difficulty']}, slice {spec['slice']}, steps {' -> '.join(spec['key'][0])}")
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2
+    ap = ArgumentParser(prog="python -m data.world", description=__doc__.split("\n")[0])
     ap.add_argument("--example", action="store_true", help="print one 3-step train task and its solution")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -8,7 +8,6 @@ whose reference solution's probability under the model predicts a mixed group), 
 completions for EVERY task and scores them in the sandbox: the share of mixed groups (some pass, some fail),
 all-pass groups and the pass rate among the kept and the dropped tasks. Ends with one JSON line.
 """
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ from rl import rollouts  # noqa: E402
 from data.tasks import generate_tasks, parse_difficulties  # noqa: E402
 from infra import engine  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p = common.ArgumentParser(prog="prefilter_check.py", description=__doc__.split("\n\n")[0])
 p.add_argument("--ckpt", required=True, help="a train_pretrain.py or train_rl.py checkpoint")
 p.add_argument("--n-tasks", type=int, default=384, help="candidate train tasks")
 p.add_argument("--k", type=int, default=3, help="--prefilter K: keep 1/K of the candidates")

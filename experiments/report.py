@@ -10,7 +10,6 @@ mean row per config (so the seed-to-seed noise is in the table next to the effec
 Finding 1: final validation loss (x) against held-out pass@1 on the near and novel slices before and after
 RL (y). Ends with one JSON line.
 """
-import argparse
 import glob
 import json
 import os
@@ -18,14 +17,12 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from infra.cli import ArgumentParser, die  # noqa: E402  (bad input: one line `error: ...`, exit code 2)
+
 PRE_KEYS = [("params_active", "active params"), ("params_total", "total params"), ("tokens", "pretrain tokens"), ("val_loss", "val loss"), ("val_bpb", "val bits/byte")]
 RL_KEYS = [("pass@1_{}", "pass@1 all"), ("pass@1_near_{}", "pass@1 near"), ("pass@1_novel_{}", "pass@1 novel"),
            ("pass@8_novel_{}", "pass@8 novel")]
-
-
-def die(msg):
-    print(f"report.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 def load_json(path):
@@ -137,7 +134,7 @@ def scatter(runs, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="report.py", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="an experiment's output directory (holds the stage summaries)")
     p.add_argument("--title", default="results")
     p.add_argument("--curve", action="append", default=[], help="per-step RL metric to average into a column")

@@ -22,10 +22,9 @@ import torch.distributed as dist
 torch.set_flush_denormal(True)
 
 
-def die(msg):
-    """A clear one-line error and exit code 2 (the convention for bad input in every script)."""
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(2)
+# Bad input: one line `error: ...` and exit code 2, from a script's own checks (die) and from argparse's
+# (ArgumentParser, which every script's parser is). They live in infra/cli.py, a module without torch.
+from infra.cli import ArgumentParser, die  # noqa: E402,F401  (common.die, common.ArgumentParser)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,7 +34,7 @@ def die(msg):
 def parse_args(parser, presets, argv=None):
     """Adds the options every script shares (--preset, --out-dir, --seed, --device; once: main()
     may run several times in one process, as in tests), makes the chosen preset's values the
-    defaults and parses. Only argparse's public API."""
+    defaults (or fixed settings, for names with no flag) and parses. Only argparse's public API."""
     if "preset" not in vars(parser.parse_known_args([])[0]):
         parser.add_argument("--preset", choices=sorted(presets),
                             help="named defaults (smoke: tests, cpu: 2-core CPU, gpu: one GPU); "
@@ -46,13 +45,19 @@ def parse_args(parser, presets, argv=None):
         parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     # Read --preset first with a parser that has no --help, so that `--help` (handled by the full
     # parse below) prints the chosen preset's values as the defaults rather than None.
-    pre = argparse.ArgumentParser(prog=parser.prog, add_help=False)
+    pre = ArgumentParser(prog=parser.prog, add_help=False)
     pre.add_argument("--preset", choices=sorted(presets))
     preset = pre.parse_known_args(argv)[0].preset or ("gpu" if torch.cuda.is_available() else "cpu")
-    unknown = set(presets[preset]) - set(vars(parser.parse_known_args([])[0]))
-    assert not unknown, f"preset {preset} sets unknown options {unknown}"
-    parser.set_defaults(**presets[preset])
+    flags = set(vars(parser.parse_known_args([])[0]))
+    fixed = {k for p in presets.values() for k in p} - flags
+    assert all(fixed <= set(p) for p in presets.values()), f"every preset must set {sorted(fixed)}"
+    parser.set_defaults(**{k: v for k, v in presets[preset].items() if k in flags})
     args = parser.parse_args(argv)
+    # A preset's names without a flag are settings of the preset alone (the trainers keep their flags
+    # to run settings and the ablations the README lists): edit PRESETS to change them.
+    for k, v in presets[preset].items():
+        if k not in flags:
+            setattr(args, k, v)
     args.preset = preset
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", f"{parser.prog.removesuffix('.py')}-{preset}")
@@ -197,8 +202,11 @@ def add_plan_args(parser):
                         "torchrun's WORLD_SIZE, else 1)")
     parser.add_argument("--plan-device", default="", help="device type of the plan, a name in common.DEVICES "
                         "(default: the visible GPU, else H100)")
-    parser.add_argument("--plan-mfu", type=float, default=0.3, help="utilisation the plan assumes for training "
-                        "matmuls (decoding: a tenth of it, being memory-bound)")
+
+
+# The utilisation the plan assumes for training matmuls, as a fraction of the dense bf16 peak (decoding:
+# a tenth of it, being memory-bound). An assumption, not a measurement: every plan states it (assumed_mfu).
+PLAN_MFU = 0.3
 
 
 def plan_device(args):
@@ -206,8 +214,6 @@ def plan_device(args):
     spec = device_spec(name)
     if spec is None:
         die(f"--plan-device {name!r} is not in common.DEVICES ({', '.join(DEVICES)}): name one of them")
-    if not 0 < args.plan_mfu <= 1:
-        die(f"--plan-mfu must be in (0, 1], got {args.plan_mfu}")
     return spec
 
 
@@ -248,7 +254,7 @@ def rl_plan(args, world):
     """train_rl.py --dry-run: the plan of an RL run (then exit). The model is --init-from's, else the
     one train_pretrain.py's preset of the same name would build. Assumed, and stated in the plan: a
     prompt of PROMPT_TOKENS, every completion at --max-new-tokens, two sampling rounds per step with
-    --dynamic-sampling, decoding at a tenth of --plan-mfu (each token reads every weight), no time
+    --dynamic-sampling, decoding at a tenth of PLAN_MFU (each token reads every weight), no time
     for the sandbox (it runs beside generation on the CPU cores)."""
     from model import GPTConfig
     tasks_per_rank(args.batch_tasks, world)
@@ -268,7 +274,7 @@ def rl_plan(args, world):
     rows = args.batch_tasks * args.group_size // world                 # sequences per process and step
     micro = min(args.micro_batch, rows)
     rounds = 2 if args.dynamic_sampling else 1
-    fast, slow = world * peak * args.plan_mfu, world * peak * args.plan_mfu / 10
+    fast, slow = world * peak * PLAN_MFU, world * peak * PLAN_MFU / 10
     step_s = (rounds * world * rows * seq * fpt / 3 / slow                        # generation
               + args.ppo_epochs * world * rows * seq * fpt / fast                  # PPO epochs (fwd + bwd)
               + (world * rows * seq * fpt / 3 / fast if args.kl_coef else 0)     # reference model
@@ -283,8 +289,8 @@ def rl_plan(args, world):
         "script": "train_rl.py", "preset": args.preset, "world_size": world, "device_type": name,
         "tokens_per_step": args.batch_tasks * args.group_size * seq, "micro_batch": micro,
         "grad_accum": -(-rows // micro) * args.ppo_epochs, "steps": args.steps, "params_total": n_total,
-        "params_active": n_active, "flops_per_token": fpt, "peak_flops": peak, "assumed_mfu": args.plan_mfu,
-        "assumed_decode_mfu": args.plan_mfu / 10, "assumed_prompt_tokens": PROMPT_TOKENS,
+        "params_active": n_active, "flops_per_token": fpt, "peak_flops": peak, "assumed_mfu": PLAN_MFU,
+        "assumed_decode_mfu": PLAN_MFU / 10, "assumed_prompt_tokens": PROMPT_TOKENS,
         "assumed_rounds": rounds, "est_gpu_mem_gb": round(memory_gb(cfg, n_total, micro, seq, kv + ref), 1),
         "est_run_min": round(min(run_min, args.max_minutes) if args.max_minutes else run_min, 1),
         "est_run_min_uncapped": round(run_min, 1), "max_minutes": args.max_minutes}, mem)

@@ -1,16 +1,17 @@
 """
-The sampling half of an RL step: what train_rl.rl_step calls in each sampling round, in this order
+The sampling half of an RL step: what train_rl.sample_round calls in each sampling round, in this order
 
     tasks, keys = rollouts.draw_tasks(ctx, need, stats)             # the train stream's next tasks
     samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)   # sample, with sandbox verdicts
     correct, reward = rollouts.rewards(ctx, scored, stats)          # reward
-    adv, keep = group_advantages(reward, ids, ...)                  # advantage (rl/algo.py)
-    rollouts.tally_samples(tasks, samples, results, ids, keep, stats)
-    groups = rollouts.signal_groups(scored, ids, adv, keep)         # the groups to train on
+    adv, keep = group_advantages(reward, groups, ...)               # advantage (rl/algo.py)
+    rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
+    groups = rollouts.signal_groups(scored, adv, keep)              # the groups to train on
 
 ctx.rollout is one of the three rollout functions below, chosen once by train_rl.setup. Each takes
-(ctx, tasks, stream keys, seed, stats) and returns (samples, results): the samples to train on and
-the sandbox verdicts that reward them.
+(ctx, tasks, stream keys, seed, stats) and returns (samples, results): the samples to train on, each
+labelled with its "group", and the sandbox verdicts that reward them; seed (a Seed) names the
+random stream (rng).
   single_turn    G completions per task (engine.sample_completions)
   episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
   repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
@@ -20,6 +21,7 @@ experiments/prefilter_check.py does) and, where it records anything, a step's `s
 (rl.metrics.new_stats).
 """
 import time
+from collections import namedtuple
 
 import torch
 
@@ -66,11 +68,11 @@ def rewards(ctx, scored, stats):
     return correct, reward
 
 
-def tally_samples(tasks, samples, results, ids, keep, stats):
+def tally_samples(tasks, samples, results, scored, keep, stats):
     """A round's statistics: reward-hack patterns in everything the model wrote; outcomes, lengths
     and turns of the first attempts (a repair's are not a sample of the policy's first try); the
-    groups (ids: the scored samples' group ids) and those with signal (keep), overall and per
-    difficulty level (which levels of the train mix carry the signal)."""
+    groups of the scored samples and those with signal (keep), overall and per difficulty level
+    (which levels of the train mix carry the signal)."""
     for s, r in zip(samples, results):
         for t in turns_of(s):
             for k, v in env.hack_counts(t["completion"]).items():
@@ -82,25 +84,26 @@ def tally_samples(tasks, samples, results, ids, keep, stats):
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
-    signal = {t for t, k in zip(ids, keep.tolist()) if k}
-    stats["groups"] += len(set(ids))
-    stats["zero_var_groups"] += len(set(ids)) - len(signal)
-    for t in set(ids):
-        stats[f"groups/d{tasks[t // 2].difficulty}"] += 1
-        stats[f"signal/d{tasks[t // 2].difficulty}"] += t in signal
+    level = {s["group"]: tasks[s["task_idx"]].difficulty for s, _ in scored}
+    signal = {s["group"] for (s, _), k in zip(scored, keep.tolist()) if k}
+    stats["groups"] += len(level)
+    stats["zero_var_groups"] += len(level) - len(signal)
+    for g, d in level.items():
+        stats[f"groups/d{d}"] += 1
+        stats[f"signal/d{d}"] += g in signal
 
 
-def signal_groups(scored, ids, adv, keep):
-    """The groups worth training on (keep), in group-id order (task order, a task's repairs after
-    it): each a list of its samples with their "adv", reduced to what training needs (queued groups
-    go into the checkpoint)."""
+def signal_groups(scored, adv, keep):
+    """The groups worth training on (keep), in task order (a task's repairs after it): each a list of
+    its samples with their "adv", reduced to what training needs (queued groups go into the
+    checkpoint)."""
     groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
-    for (s, _), g, a, k in zip(scored, ids, adv.tolist(), keep.tolist()):
+    for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
         if k:
             part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
                 {x: s.get(x) for x in needed}
-            groups.setdefault(g, []).append({**part, "adv": a})
-    return [groups[t] for t in sorted(groups)]
+            groups.setdefault((s["task_idx"], bool(s.get("repair")), s["group"]), []).append({**part, "adv": a})
+    return [groups[g] for g in sorted(groups)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +123,8 @@ def single_turn(ctx, tasks, keys, seed, stats):
     if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
         samples = []
         for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, key), **kw)
+            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, Seed(task=key, part="task")),
+                                             **kw)
             for s in part:
                 s["task_idx"] = i
             submit(part)
@@ -128,6 +132,8 @@ def single_turn(ctx, tasks, keys, seed, stats):
     else:
         samples = engine.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
                                             on_batch=submit, **kw)
+    for s in samples:
+        s["group"] = s["task_idx"]            # a task's G samples are its group
     t1 = time.time()
     results = [r for f in futures for r in f.result()]
     stats["gen_s"] += t1 - t0
@@ -143,6 +149,8 @@ def episodes(ctx, tasks, keys, seed, stats):
     eps = engine.run_episodes(ctx.model, ctx.tok, tasks, turns=ctx.args.turns, pool=ctx.pool,
                               generator=rng(ctx, seed), fractional=ctx.args.fractional, **sampling_kw(ctx))
     stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
+    for e in eps:
+        e["group"] = e["task_idx"]            # a task's G episodes are its group
     return eps, [e["result"] for e in eps]
 
 
@@ -157,9 +165,6 @@ def repair_groups(ctx, tasks, keys, seed, stats):
     return samples + repairs, results + verdicts
 
 
-REPAIR_STREAM = 15_485_863   # repairs draw from random streams of their own, apart from the first attempts'
-
-
 def sample_repairs(ctx, tasks, samples, results, seed, stats):
     """G repairs of each root (repair_roots), sampled from the second turn's context
     (engine.repair_prompt: the prompt, the failed attempt, its feedback). Only tasks that a first
@@ -171,10 +176,11 @@ def sample_repairs(ctx, tasks, samples, results, seed, stats):
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
     repairs = engine.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
-                                        generator=rng(ctx, seed + REPAIR_STREAM),
+                                        generator=rng(ctx, seed._replace(part="repair")),
                                         prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
-    for s in repairs:
+    for s in repairs:   # the G repairs of one failure are a group of their own, after the first attempts'
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
+        s["group"] = len(tasks) + s["task_idx"]
         s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
     t1 = time.time()
     out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
@@ -215,9 +221,18 @@ def sampling_kw(ctx):
                 batch_size=a.gen_batch, return_routes=ctx.replay)
 
 
-def rng(ctx, x):
-    """The sampler's random stream number x (a step's seed, or a task's stream index) under --seed."""
-    return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * 1_000_003 + x) % 2**62)
+# The sampler's random streams: one per (run, step, sampling round, rank, part), each part a prime
+# apart, so that no two streams of a run draw the same numbers.
+Seed = namedtuple("Seed", "step round rank task part", defaults=(0, 0, 0, 0, "rollout"))
+RUN, STEP, ROUND = 1_000_003, 7919, 104_729
+PART = {"rollout": 0, "canary": 3, "repair": 15_485_863,   # the canary's group, the repairs of a failure
+        "task": 0}                                          # sample_seeding "task": one stream per task key
+
+
+def rng(ctx, seed):
+    """The generator of stream `seed` (a Seed) under --seed."""
+    x = STEP * seed.step + ROUND * seed.round + seed.rank + seed.task + PART[seed.part]
+    return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * RUN + x) % 2**62)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ sys.path.insert(0, ROOT)
 import agent  # noqa: E402
 from infra import common  # noqa: E402
 import env  # noqa: E402
-from infra import engine  # noqa: E402
+from infra import engine, fast  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from data.tasks import Task, generate_tasks, load_humaneval  # noqa: E402
 from data.tokenizer import train_tokenizer  # noqa: E402
@@ -55,9 +55,9 @@ def test_generate_streams_is_generate_per_share():
 
     def per_share(prompts, n, seed, past=None):
         seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-        with engine.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
+        with fast.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
             return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
-                    for o in engine.generate(model, prompts[a:b], n, generator=torch.Generator().manual_seed(s),
+                    for o in fast.generate_retiring(model, prompts[a:b], n, generator=torch.Generator().manual_seed(s),
                                             past=past[a:b] if past else None, **kw)]
 
     def same(got, want):
@@ -67,17 +67,17 @@ def test_generate_streams_is_generate_per_share():
             assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
     g = torch.Generator()
     for _ in range(3):   # threads interleave differently each time
-        first = engine.generate_streams(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
+        first = fast.generate(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
         same(first, per_share(prompts, 8, 0))
     feeds = [[7, 7]] * 48
     pasts = [o["past"] for o in first]
-    same(engine.generate_streams(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
+    same(fast.generate(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
          per_share(feeds, 5, 1, pasts))
     # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
-        one = engine.generate_streams(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-        with engine.cpu_threads(1):
-            assert one == engine.generate(model, rows, 6, generator=g.manual_seed(2), temperature=1.0)
+        one = fast.generate(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        with fast.cpu_threads(1):
+            assert one == fast.generate_retiring(model, rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
 def test_visible_tests_are_the_docstring_examples():
@@ -373,14 +373,21 @@ def test_eval_turns_reports_the_repair_curve_and_its_baseline(tiny, tmp_path):
 
 
 def test_agent_command(tiny, tmp_path):
-    prompt = tmp_path / "f.py"
+    prompt, out = tmp_path / "f.py", tmp_path / "out"
     prompt.write_text('def add_two(x):\n    """Add two.\n    >>> add_two(1)\n    3\n    """\n')
-    p = subprocess.run([sys.executable, "agent.py", "--preset", "smoke", "--ckpt", tiny[2], "--prompt-file", str(prompt)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "agent.py", "--preset", "smoke", "--ckpt", tiny[2], "--prompt-file", str(prompt),
+                        "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])
     assert s["task_id"] == "user/0" and 1 <= s["turns"] <= 2 and len(s["outcomes"]) == s["turns"]
     assert "# --- attempt 1" in p.stdout and "# --- verdict after" in p.stdout
+    assert s["out_dir"] == str(out) and s["speculative"] is False    # the tiny model has no MTP modules
+    # --out-dir keeps the episode: the transcript as printed, and the summary with every attempt
+    transcript = (out / "transcript.txt").read_text()
+    assert transcript.startswith("def add_two(x):") and transcript in p.stdout and "# --- verdict after" in transcript
+    kept = json.loads((out / "summary.json").read_text())
+    assert {k: kept[k] for k in s if k != "out_dir"} == {k: v for k, v in s.items() if k != "out_dir"}
+    assert len(kept["attempts"]) == s["turns"] and kept["prompt"].startswith("def add_two(x):")
     prompt.write_text('def add_two(x):\n    """Add two."""\n')
     p = subprocess.run([sys.executable, "agent.py", "--ckpt", tiny[2], "--prompt-file", str(prompt)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)

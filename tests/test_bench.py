@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import bench
-from infra import engine
+from infra import fast
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,14 +71,14 @@ def test_decode_step_ms_is_a_positive_time():
 
 
 def test_compile_error_reports_failures_in_one_line(monkeypatch):
-    monkeypatch.delitem(engine._COMPILED, "trunk", raising=False)
+    monkeypatch.delitem(fast._COMPILED, "trunk", raising=False)
     assert bench.compile_error(lambda: None) is None
     assert bench.compile_error(lambda: 1 / 0).startswith("ZeroDivisionError: ")
 
-    def falls_back():   # what engine.compiled_trunk does when torch.compile fails: warn, mark, go eager
+    def falls_back():   # what fast.compiled_trunk does when torch.compile fails: warn, mark, go eager
         warnings.warn("--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc\nmore)")
-        engine._COMPILED["trunk"] = False
-    monkeypatch.setitem(engine._COMPILED, "trunk", None)
+        fast._COMPILED["trunk"] = False
+    monkeypatch.setitem(fast._COMPILED, "trunk", None)
     with warnings.catch_warnings(record=True):
         err = bench.compile_error(falls_back)
     assert err == "--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc"

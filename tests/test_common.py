@@ -1,5 +1,7 @@
 import argparse
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -112,3 +114,23 @@ def test_ddp_on_gpus_is_one_group_with_gloo_for_cpu_tensors(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
     assert common.setup_ddp("auto")[:3] == (0, 0, 2) and seen == ["cpu:gloo,cuda:nccl"]
     assert common.setup_ddp("cpu")[3].type == "cpu" and seen[-1] == "gloo"
+
+
+def test_argparse_errors_are_one_line_and_exit_code_2():
+    """Every script's bad flag is one stderr line `error: ...` and exit code 2 (infra/cli.py's ArgumentParser),
+    not argparse's usage block: the scripts, the preset's own pre-parse, a subcommand. Side by side, to keep
+    it quick (each pays its imports, about a second)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    unknown = "unrecognized arguments: --no-such-flag"
+    cases = [([s, "--preset", "smoke", "--no-such-flag"], unknown) for s in
+             ("train_pretrain.py", "train_rl.py", "train_mtp.py", "eval.py", "agent.py")]
+    cases += [(["train_rl.py", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
+              (["bench.py", "--no-such-flag"], unknown), (["bench.py", "gpu-check", "--no-such-flag"], unknown),
+              (["plot.py", "runs/x", "--out-dir", "f", "--no-such-flag"], unknown),
+              (["-m", "data.tasks", "stats", "--n", "x"], "argument --n: invalid int value: 'x'"),
+              (["experiments/report.py"], "the following arguments are required: out_dir")]
+    procs = [subprocess.Popen([sys.executable] + c, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for c, _ in cases]
+    for (c, message), p in zip(cases, procs):
+        err = p.communicate(timeout=120)[1]
+        assert p.returncode == 2 and len(err.splitlines()) == 1 and err.startswith(f"error: {message}"), (c, err)

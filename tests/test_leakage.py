@@ -169,9 +169,8 @@ def test_pretraining_corpus_holds_no_heldout_function(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(ROOT, "train_pretrain.py"), "--preset", "smoke", "--out-dir", str(out),
            "--tasks-n", "20000", "--source-mb", "3", "--holdout-n", "1000", "--data", f"twins={twins}",
-           "--mix", "stdlib=0.4,tasks=0.5,twins=0.1", "--max-steps", "1", "--sample-every", "0", "--eval-every", "1",
-           "--val-tokens", "256", "--val-frac", "0.02", "--seq-len", "16", "--micro-batch", "8",
-           "--batch-tokens", "128", "--repair-frac", "0.25"]
+           "--mix", "stdlib=0.4,tasks=0.5,twins=0.1", "--max-steps", "1", "--eval-every", "1",
+           "--seq-len", "16", "--micro-batch", "8", "--batch-tokens", "128", "--repair-frac", "0.25"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]

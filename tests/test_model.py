@@ -11,7 +11,7 @@ import torch
 import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infra import engine  # noqa: E402
+from infra import engine, fast  # noqa: E402
 import model as M  # noqa: E402
 from model import GPT, MLP, MoE, GPTConfig  # noqa: E402
 from infra.surgery import extend_context, upcycle  # noqa: E402
@@ -64,13 +64,15 @@ def test_kv_cache_greedy_equals_full_forward(n_expert):
 
 
 def test_stop_ids_retire_rows():
+    """fast.generate_retiring: rows leave the batch at their first stop id, with the tokens and routes
+    of a run without stops cut there."""
     model = tiny()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [2, 2]]
     full = engine.generate(model, prompts, max_new_tokens=12, temperature=0, return_routes=True)
     stop = {full[0]["tokens"][2], full[3]["tokens"][5]}
     batch_sizes = []                                     # rows fed to the LM head at each forward
     hook = model.lm_head.register_forward_hook(lambda mod, args, out: batch_sizes.append(args[0].size(0)))
-    cut = engine.generate(model, prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
+    cut = fast.generate_retiring(model, prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
     hook.remove()
     assert batch_sizes[1] == 5 and batch_sizes[-1] < 5   # finished rows left the batch
     for f, c, p in zip(full, cut, prompts):
@@ -135,7 +137,7 @@ def test_single_expert_equals_dense_mlp():
 
 def test_balance_loss_is_one_under_uniform_routing():
     torch.manual_seed(0)
-    cfg = GPTConfig(**TINY)
+    cfg = GPTConfig(**TINY, balance="aux")
     moe = MoE(cfg)
     torch.nn.init.zeros_(moe.router.weight)              # uniform router probabilities
     N = 12                                               # 12 tokens * 2 slots = 4 per expert
@@ -345,7 +347,7 @@ def test_sampling_filters_and_logprobs():
 
 
 def test_param_counts_flops_and_step0_loss():
-    moe, dense = tiny(), tiny(n_expert=1)
+    moe, dense = tiny(balance="aux"), tiny(n_expert=1)   # aux: the loss holds the balancing term
     (mt, ma), (dt, da) = moe.num_params(), dense.num_params()
     router = 2 * 32 * 6                                  # 2 MoE layers, D x E router each
     assert ma == da + router and mt == ma + 2 * (6 - 2) * 3 * 32 * 16 and dt == da
@@ -416,8 +418,8 @@ def test_decode_threads_changes_speed_not_samples(monkeypatch):
     threads = torch.get_num_threads()
     outs = []
     for n in (0, 1):
-        monkeypatch.setattr(engine, "THREADS", n)
-        outs.append(engine.generate_streams(model, prompts, 10, temperature=1.0,
+        monkeypatch.setattr(fast, "THREADS", n)
+        outs.append(fast.generate(model, prompts, 10, temperature=1.0,
                                             generator=torch.Generator().manual_seed(0)))
         assert torch.get_num_threads() == threads        # restored after generation
     for a, b in zip(*outs):
@@ -475,7 +477,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
 
 @pytest.mark.slow   # a torch.compile of the decode step
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """engine.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
+    """fast.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
     routes as the eager steps, log-probs within float rounding of the eager ones and of a full
     forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
@@ -484,22 +486,22 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
 
     def run():
-        return engine.generate_streams(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
-                                       generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(engine, "_COMPILED", {})            # a compile of its own, whatever ran before
+        return fast.generate(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
+                             generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(fast, "_COMPILED", {})            # a compile of its own, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for update in range(2):
         eager = run()
-        monkeypatch.setattr(engine, "COMPILE", True)
-        fast = run()
-        monkeypatch.setattr(engine, "COMPILE", False)
+        monkeypatch.setattr(fast, "COMPILE", True)
+        compiled = run()
+        monkeypatch.setattr(fast, "COMPILE", False)
         assert {len(o["tokens"]) for o in eager} != {10}                  # some rows stopped early
-        for p, a, b in zip(prompts, eager, fast):
+        for p, a, b in zip(prompts, eager, compiled):
             assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
             torch.testing.assert_close(torch.tensor(b["logprobs"]), torch.tensor(a["logprobs"]), rtol=0, atol=1e-5)
-        logits, _ = model(torch.tensor([prompts[1] + fast[1]["tokens"][:-1]]))
-        full = logits[0, len(prompts[1]) - 1:].log_softmax(-1).gather(-1, torch.tensor(fast[1]["tokens"])[:, None])
-        torch.testing.assert_close(torch.tensor(fast[1]["logprobs"]), full.squeeze(1), rtol=0, atol=1e-4)
+        logits, _ = model(torch.tensor([prompts[1] + compiled[1]["tokens"][:-1]]))
+        full = logits[0, len(prompts[1]) - 1:].log_softmax(-1).gather(-1, torch.tensor(compiled[1]["tokens"])[:, None])
+        torch.testing.assert_close(torch.tensor(compiled[1]["logprobs"]), full.squeeze(1), rtol=0, atol=1e-4)
         with torch.no_grad():
             for q in model.parameters():
                 q.mul_(1.3)
@@ -508,8 +510,8 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     first = engine.generate(model, prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
     for on in (False, True):
-        monkeypatch.setattr(engine, "COMPILE", on)
-        cont[on] = engine.generate_streams(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
+        monkeypatch.setattr(fast, "COMPILE", on)
+        cont[on] = fast.generate(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
                                            past=[o["past"] for o in first], generator=torch.Generator().manual_seed(2),
                                            return_routes=True)
     for a, b in zip(cont[False], cont[True]):
@@ -519,8 +521,8 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     same = {}
     for on in (False, True):
-        monkeypatch.setattr(engine, "COMPILE", on)
-        same[on] = engine.generate_streams(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
+        monkeypatch.setattr(fast, "COMPILE", on)
+        same[on] = fast.generate(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
                                            generator=torch.Generator().manual_seed(3))
     assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
@@ -533,7 +535,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
 
 def test_compiled_decode_falls_back_to_eager(monkeypatch):
     """Where torch.compile cannot build the step (no C++ compiler, say), generate warns once and
-    decodes eagerly: the same samples as with engine.COMPILE off."""
+    decodes eagerly: the same samples as with fast.COMPILE off."""
     model = tiny()
 
     def broken(fn, **kw):
@@ -541,15 +543,15 @@ def test_compiled_decode_falls_back_to_eager(monkeypatch):
             raise RuntimeError("no C++ compiler")
         return call
     def run():
-        return engine.generate_streams(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
-                                       generator=torch.Generator().manual_seed(0))
+        return fast.generate(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
+                             generator=torch.Generator().manual_seed(0))
     eager = run()
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(engine, "_COMPILED", {})       # as if no earlier test had compiled the step
-    monkeypatch.setattr(engine, "COMPILE", True)
+    monkeypatch.setattr(fast, "_COMPILED", {})       # as if no earlier test had compiled the step
+    monkeypatch.setattr(fast, "COMPILE", True)
     with pytest.warns(UserWarning, match="decoding eagerly"):
-        fast = run()
-    assert fast == eager and engine._COMPILED["trunk"] is False
+        compiled = run()
+    assert compiled == eager and fast._COMPILED["trunk"] is False
     assert run() == eager
 
 
@@ -569,32 +571,32 @@ def host_reads(monkeypatch):
 
 @pytest.mark.parametrize("dispatch", ["auto", "grouped", "dense"])
 def test_sync_free_decode_reads_the_host_every_few_tokens(monkeypatch, dispatch):
-    """engine.SYNC_FREE (GPU decoding, forced here on CPU): the decode loop reads nothing from the
+    """fast.SYNC_FREE (GPU decoding, forced here on CPU): the decode loop reads nothing from the
     device per token, only the finished rows every DONE_EVERY tokens: 48 more tokens add 3 looks, at
     most 2 reads each (their count; the rows to keep, where rows retire), for any MoE dispatch that
     keeps group sizes on the device. The CPU loop reads every token (the check that the count sees
     them), and MoE 'sorted' reads the group sizes."""
     MoE.dispatch = dispatch
-    monkeypatch.setattr(engine, "DONE_EVERY", 16)
+    monkeypatch.setattr(fast, "DONE_EVERY", 16)
     model, prompts = tiny(), [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 3      # padded: a masked decode step
     extra = {}
     for free in (True, False):
-        monkeypatch.setattr(engine, "SYNC_FREE", free)
+        monkeypatch.setattr(fast, "SYNC_FREE", free)
         counts = []
         for n in (17, 65):
             with monkeypatch.context() as m:
                 seen = host_reads(m)
-                engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], return_routes=True,
+                fast.generate_retiring(model, prompts, n, temperature=1.0, stop_ids=[60], return_routes=True,
                                 generator=torch.Generator().manual_seed(0))
             counts.append(len(seen))
         extra[free] = counts[1] - counts[0]
     assert extra[True] <= 6 and extra[False] >= 48, extra
     if dispatch == "auto":
-        monkeypatch.setattr(engine, "SYNC_FREE", True)
+        monkeypatch.setattr(fast, "SYNC_FREE", True)
         MoE.dispatch = "sorted"
         with monkeypatch.context() as m:
             seen = host_reads(m)
-            engine.generate(model, prompts, 8, temperature=1.0)
+            fast.generate_retiring(model, prompts, 8, temperature=1.0)
         assert seen.count("tolist") >= 7 * model.n_moe_layers
 
 
@@ -607,11 +609,11 @@ def test_sync_free_decode_samples_what_generate_does(monkeypatch):
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3
     runs = {}
     for free in (False, True):
-        monkeypatch.setattr(engine, "SYNC_FREE", free)
-        monkeypatch.setattr(engine, "DONE_EVERY", 4)
-        runs[free] = (engine.generate(model, prompts, 11, temperature=0, stop_ids=[5, 46, 34], return_routes=True,
+        monkeypatch.setattr(fast, "SYNC_FREE", free)
+        monkeypatch.setattr(fast, "DONE_EVERY", 4)
+        runs[free] = (fast.generate_retiring(model, prompts, 11, temperature=0, stop_ids=[5, 46, 34], return_routes=True,
                                       return_past=True),
-                      engine.generate_streams(model, prompts * 2, 9, temperature=1.0, top_p=0.9, return_routes=True,
+                      fast.generate(model, prompts * 2, 9, temperature=1.0, top_p=0.9, return_routes=True,
                                               generator=torch.Generator().manual_seed(4)))
     assert {len(o["tokens"]) for o in runs[False][0]} == {2, 4, 6}      # rows stopped at several steps
     for a, b in zip(runs[False][0], runs[True][0]):
@@ -630,7 +632,7 @@ def test_sync_free_decode_samples_what_generate_does(monkeypatch):
             pass
     monkeypatch.setattr(torch, "randint", lambda *a, generator=None, **kw: torch.tensor([5]))
     monkeypatch.setattr(torch, "Generator", lambda dev: made.append(dev) or real(dev))
-    out = engine.generate(model, prompts[:2], 3, temperature=1.0, generator=Elsewhere())
+    out = fast.generate_retiring(model, prompts[:2], 3, temperature=1.0, generator=Elsewhere())
     assert made == [torch.device("cpu")] and len(out[0]["tokens"]) == 3
 
 
@@ -678,7 +680,7 @@ def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    engine.generate(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
+                    fast.generate_retiring(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
                 finally:
                     torch.cuda.set_sync_debug_mode(0)
             counts.append(sum("synchroniz" in str(w.message) for w in seen))

@@ -22,9 +22,14 @@ SCRIPT = os.path.join(ROOT, "train_pretrain.py")
 STEPS = 16                               # the smoke preset's --max-steps
 
 
-def run(out_dir, cache, *flags, ddp=False, expect=0, timeout=150):
+def run(out_dir, cache, *flags, ddp=False, expect=0, timeout=150, patch=None):
+    """The script as `python train_pretrain.py ...` (or under torchrun with ddp). patch: Python code run
+    first in the same process (a monkeypatch), then the script through runpy, as `python` runs it."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if ddp \
         else [sys.executable]
+    if patch:
+        launcher += ["-c", patch + "\nimport runpy, sys\nsys.argv = sys.argv[1:]\n"
+                     "runpy.run_path(sys.argv[0], run_name='__main__')\n"]
     # --device cpu: on a machine with GPUs too, the runs compare gloo on CPU (two processes could not
     # share one GPU, and one process on a GPU would not match them to 1e-5)
     cmd = launcher + [SCRIPT, "--preset", "smoke", "--out-dir", str(out_dir), "--cache-dir", str(cache),
@@ -142,7 +147,7 @@ def user_data(tmp_path_factory, cache):
     (root / "binary.py").write_bytes(b"x = 1\n\0\0\0\x01\x02")
     (root / "latin1.py").write_bytes("s = 'caf\xe9'\n".encode("latin-1"))
     (root / "empty.py").write_text("\n\n")
-    (root / "huge.py").write_text("y = 2\n" * 20000)                  # 120 KB > --max-file-kb 100
+    (root / "huge.py").write_text("y = 2\n" * 200000)    # 1.2 MB > train_pretrain.MAX_FILE_KB (1024 KB)
     (root / "notes.txt").write_text("not a .py file\n")
     he, test_task = load_humaneval()[0], generate_tasks("test", 5, seed=0)[2]
     (root / "leak_he.py").write_text("import math\n\n" + he.prompt + "    return False\n")
@@ -151,8 +156,8 @@ def user_data(tmp_path_factory, cache):
     lines = [json.dumps({"text": f"def g_{i}(s):\n    return s.strip() + {i!r} * 3\n" * 4}) for i in range(40)]
     jsonl.write_text("\n".join(lines[:20] + ["{not json", json.dumps({"body": "no text field"})] + lines[20:]) + "\n")
     out = tmp_path_factory.mktemp("dense")
-    s, _ = run(out, cache, "--data", f"mine={root}", "--data", str(jsonl), "--mix", "mine=1,data=0.3", "--max-file-kb", "100",
-               "--n-expert", "1", "--top-k", "1", "--max-steps", "4", "--sample-every", "0")
+    s, _ = run(out, cache, "--data", f"mine={root}", "--data", str(jsonl), "--mix", "mine=1,data=0.3",
+               "--n-expert", "1", "--top-k", "1", "--max-steps", "4")
     return root, out, s, (he, test_task)
 
 
@@ -170,7 +175,7 @@ def test_upcycle_and_context_extension(user_data, tmp_path, cache):
     _, dense_dir, dense, _ = user_data
     s, p = run(tmp_path, cache, "--init-from", str(dense_dir / "ckpt.pt"), "--upcycle", "--n-expert", "4",
                "--top-k", "2", "--seq-len", "256", "--batch-tokens", "2048", "--max-steps", "3",
-               "--mix", "tasks=1", "--sample-every", "0")
+               "--mix", "tasks=1")
     assert "context extension 128 -> 256" in p.stderr
     cfg = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model_config"]
     assert (cfg["n_expert"], cfg["top_k"], cfg["seq_len"]) == (4, 2, 256)
@@ -182,8 +187,23 @@ def test_upcycle_and_context_extension(user_data, tmp_path, cache):
         Tokenizer.load(dense_dir / "tokenizer.json").fingerprint()
 
 
+# The weights turn NaN after the 5th optimizer step (GPT.after_optimizer_step runs once per step, after
+# it), so the 6th step's forward gives a NaN loss, as a diverged run would.
+NAN_AFTER_STEP_5 = """
+import torch, model
+after_step, steps = model.GPT.after_optimizer_step, []
+def after_optimizer_step(self):
+    after_step(self)
+    steps.append(1)
+    if len(steps) == 5:
+        with torch.no_grad():
+            self.lm_head.weight.fill_(float("nan"))
+model.GPT.after_optimizer_step = after_optimizer_step
+"""
+
+
 def test_nan_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, cache):
-    _, p = run(tmp_path, cache, "--debug-nan-at-step", "6", "--ckpt-every", "4", "--sample-every", "0", expect=2)
+    _, p = run(tmp_path, cache, "--ckpt-every", "4", patch=NAN_AFTER_STEP_5, expect=2)
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "non-finite loss" in err[0] and "step 6" in err[0] and "(step 4)" in err[0]
     assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 4

@@ -120,7 +120,7 @@ def test_smoke_corpus_holds_repair_transcripts(tmp_path):
     texts = {}
     for frac in ("0.25", "0"):
         out = tmp_path / frac
-        s, _ = run(out, tmp_path / "cache", "--repair-frac", frac, "--max-steps", "1", "--sample-every", "0")
+        s, _ = run(out, tmp_path / "cache", "--repair-frac", frac, "--max-steps", "1")
         tok = Tokenizer.load(out / "tokenizer.json")
         texts[frac] = train_text(s, tok)["tasks/train"]
         ids = np.fromfile(s["caches"]["tasks/train"], dtype=np.uint16).astype(np.int64)

@@ -176,8 +176,8 @@ def test_refills_sample_full_batches_and_queue_the_surplus(monkeypatch):
     def fake_rollout(ctx, tasks, keys, seed, stats):
         asked.append(len(keys))
         k = next(informative)
-        samples = [{"task_idx": i, "prompt_ids": [key], "tokens": [j], "logprobs": [0.0], "completion": "x"}
-                   for i, key in enumerate(keys) for j in range(2)]
+        samples = [{"task_idx": i, "group": i, "prompt_ids": [key], "tokens": [j], "logprobs": [0.0],
+                    "completion": "x"} for i, key in enumerate(keys) for j in range(2)]
         wins = [s["task_idx"] < k and s["tokens"] == [0] for s in samples]
         return samples, [env.Result(float(w), w, "pass" if w else "wrong_answer", "", int(w), 1) for w in wins]
     def fake_tasks(ctx, n):

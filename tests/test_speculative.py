@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data import corpus
-from infra import engine
+from infra import engine, fast, speculative
 from model import GPT, GPTConfig
 import train_mtp
 
@@ -114,13 +114,13 @@ def test_greedy_speculative_is_greedy_on_a_random_model(n_mtp):
     full = engine.generate(model, PROMPTS, 16, temperature=0)
     for stop in ([], [full[0]["tokens"][2], full[3]["tokens"][5]]):
         ref = engine.generate(model, PROMPTS, 16, temperature=0, stop_ids=stop)
-        got = engine.generate_speculative(model, PROMPTS, 16, temperature=0, stop_ids=stop)
+        got = speculative.generate(model, PROMPTS, 16, temperature=0, stop_ids=stop)
         for r, o in zip(ref, got):
             assert o["tokens"] == r["tokens"]
             torch.testing.assert_close(torch.tensor(o["logprobs"]), torch.tensor(r["logprobs"]), rtol=0, atol=1e-5)
         assert {len(o["tokens"]) for o in got} != {16} or not stop                     # some stopped early
     for p in PROMPTS[:3]:   # batch 1: the interactive path
-        assert engine.generate_speculative(model, [p], 16, temperature=0)[0]["tokens"] == \
+        assert speculative.generate(model, [p], 16, temperature=0)[0]["tokens"] == \
             engine.generate(model, [p], 16, temperature=0)[0]["tokens"]
 
 
@@ -129,11 +129,11 @@ def test_greedy_speculative_is_greedy_on_a_trained_model(trained2):
     g = torch.Generator().manual_seed(5)
     prompts = toy_batch(g, B=6, T=5).tolist() + [[3], [10, 11, 12, 13, 14, 15, 16, 17], [5, 40, 2, 33, 9]]
     ref = engine.generate(trained2, prompts, 24, temperature=0, stop_ids=[0])
-    got = engine.generate_speculative(trained2, prompts, 24, temperature=0, stop_ids=[0])
+    got = speculative.generate(trained2, prompts, 24, temperature=0, stop_ids=[0])
     assert [o["tokens"] for o in got] == [r["tokens"] for r in ref]
     one = []
     for p, r in zip(prompts, ref):
-        assert engine.generate_speculative(trained2, [p], 24, temperature=0, stop_ids=[0], stats=one)[0]["tokens"] \
+        assert speculative.generate(trained2, [p], 24, temperature=0, stop_ids=[0], stats=one)[0]["tokens"] \
             == r["tokens"]
     one = totals(one)
     assert one["advanced"] / one["forwards"] > 1.5                  # drafts kept at batch 1 ...
@@ -143,10 +143,10 @@ def test_greedy_speculative_is_greedy_on_a_trained_model(trained2):
 def test_speculative_continues_a_past_like_the_full_prompt(trained2):
     """Multi-turn (agent.py): return_past's keys/values, MTP layers included, continue a row exactly as
     one call on the whole context does (greedy)."""
-    first = engine.generate_speculative(trained2, PROMPTS, 6, temperature=1.0, stop_ids=[20, 40], return_past=True,
+    first = speculative.generate(trained2, PROMPTS, 6, temperature=1.0, stop_ids=[20, 40], return_past=True,
                                         generator=torch.Generator().manual_seed(0))
     feeds = [[30, 31], [32], [33, 34, 35], [36, 37], [38]]
-    cont = engine.generate_speculative(trained2, feeds, 8, temperature=0, past=[o["past"] for o in first])
+    cont = speculative.generate(trained2, feeds, 8, temperature=0, past=[o["past"] for o in first])
     for p, o, f, c in zip(PROMPTS, first, feeds, cont):
         assert o["past"].shape[:2] == (3 + 2, 2) and o["past"].size(3) == len(p) + len(o["tokens"]) - 1
         whole = p + o["tokens"][:-1] + f
@@ -158,12 +158,12 @@ def test_cache_after_rejections_equals_the_cache_of_the_accepted_prefix(trained2
     those a single prefill of its accepted tokens computes."""
     stats = []
     prompts = PROMPTS + [[10, 11, 12]]
-    outs = engine.generate_speculative(trained2, prompts, 12, temperature=1.0, stop_ids=[50], return_past=True,
+    outs = speculative.generate(trained2, prompts, 12, temperature=1.0, stop_ids=[50], return_past=True,
                                        generator=torch.Generator().manual_seed(2), stats=stats)
     stats = totals(stats)
     assert 0 < sum(stats["kept"]) and stats["kept"][0] < stats["reached"][0]    # kept and rejected drafts
     for p, o in zip(prompts, outs):
-        ref = engine.generate_speculative(trained2, [p + o["tokens"][:-1]], 1, temperature=0, return_past=True)[0]
+        ref = speculative.generate(trained2, [p + o["tokens"][:-1]], 1, temperature=0, return_past=True)[0]
         assert o["past"].shape == ref["past"].shape
         torch.testing.assert_close(o["past"], ref["past"], rtol=0, atol=1e-5)
 
@@ -178,7 +178,7 @@ def second_token_tv(model, n=40000):
     from the prefill, the second from a draft kept or replaced. The empirical distribution of the
     second token against the model's, sum_t p(t) p(. | t) (a full forward for every first token t)."""
     p, V = [5, 3, 9, 1], model.config.vocab_size
-    outs = engine.generate_speculative(model, [p] * n, 2, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    outs = speculative.generate(model, [p] * n, 2, temperature=1.0, generator=torch.Generator().manual_seed(0))
     second = torch.tensor([o["tokens"][1] for o in outs])
     with torch.no_grad():
         first = model(torch.tensor([p]))[0][0, -1].softmax(-1)
@@ -208,7 +208,7 @@ def test_speculative_sampling_matches_the_model_distribution(overlapping):
 @pytest.mark.parametrize("wrong", ["keep always", "q / p"])
 def test_the_distribution_test_fails_on_a_wrong_acceptance_rule(overlapping, monkeypatch, wrong):
     rule = {"keep always": lambda p, q: torch.ones_like(p), "q / p": lambda p, q: (q / p).clamp(max=1.0)}[wrong]
-    monkeypatch.setattr(engine, "keep_probability", rule)
+    monkeypatch.setattr(speculative, "keep_probability", rule)
     tv = second_token_tv(overlapping)
     assert tv > 0.1, tv
 
@@ -228,18 +228,18 @@ def test_accept_one_row_gives_each_position_the_model_distribution(monkeypatch):
     def run():
         by_pos = [[], [], []]
         gen = torch.Generator().manual_seed(1)
-        with engine.cpu_threads(1):   # 10000 calls of a few small ops each
+        with fast.cpu_threads(1):   # 10000 calls of a few small ops each
             for _ in range(10000):
                 d = torch.stack([engine.draw(q[:, j], gen) for j in range(2)], 1)
-                toks, _, _ = engine.accept(logits, d, q, 1.0, 0, 1.0, gen, torch.ones(1, dtype=torch.bool))
+                toks, _, _ = speculative.accept(logits, d, q, 1.0, 0, 1.0, gen, torch.ones(1, dtype=torch.bool))
                 for j, t in enumerate(toks[0].tolist()):
                     by_pos[j].append(t)
         return [total_variation(torch.tensor(x), p[j]) for j, x in enumerate(by_pos)], [len(x) for x in by_pos]
     tv, n = run()
     assert min(n) > 3000 and max(tv) < 0.05, (tv, n)
-    monkeypatch.setattr(engine, "keep_probability", lambda p, q: torch.ones_like(p))
+    monkeypatch.setattr(speculative, "keep_probability", lambda p, q: torch.ones_like(p))
     assert max(run()[0]) > 0.1
-    monkeypatch.setattr(engine, "keep_probability", lambda p, q: (q / p).clamp(max=1.0))
+    monkeypatch.setattr(speculative, "keep_probability", lambda p, q: (q / p).clamp(max=1.0))
     assert max(run()[0]) > 0.1
 
 
@@ -254,10 +254,10 @@ def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
         _, same = train_mtp.distill(trained2, torch.tensor([[0] + idx.flatten().tolist()[1:]]).view(4, 64))
     assert agree == pytest.approx(same.tolist(), abs=1e-6)
     calls = []
-    monkeypatch.setattr(engine, "generate_speculative", lambda *a, **k: calls.append(k) or [{"tokens": [1]}])
-    monkeypatch.setattr(engine, "SPECULATIVE", True)
-    engine.generate_streams(trained2, [[1, 2]], 4, temperature=0.8)
+    monkeypatch.setattr(speculative, "generate", lambda *a, **k: calls.append(k) or [{"tokens": [1]}])
+    monkeypatch.setattr(fast, "SPECULATIVE", True)
+    fast.generate(trained2, [[1, 2]], 4, temperature=0.8)
     assert len(calls) == 1 and "trunk" not in calls[0]
-    engine.generate_streams(trained2, [[1, 2]], 4, temperature=0.8, return_routes=True)   # routes: plain generate
-    engine.generate_streams(tiny(0), [[1, 2]], 4, temperature=0.8)                          # no MTP: plain generate
+    fast.generate(trained2, [[1, 2]], 4, temperature=0.8, return_routes=True)   # routes: plain generate
+    fast.generate(tiny(0), [[1, 2]], 4, temperature=0.8)                          # no MTP: plain generate
     assert len(calls) == 1

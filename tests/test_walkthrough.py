@@ -1,0 +1,73 @@
+"""docs/walkthrough.md quotes whole functions of the project; each quote must be the function exactly
+as it stands in its file, so that a changed function fails here until the walkthrough is updated
+(`python tests/test_walkthrough.py --update` rewrites every quote from the code; then reread the
+prose around the ones that changed). python -m pytest tests/test_walkthrough.py -q"""
+import ast
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "walkthrough.md")
+# a quote: the marker line, then one fenced python block
+QUOTE = re.compile(r"<!-- quote: (?P<file>\S+) (?P<name>[\w.]+) -->\n```python\n(?P<code>.*?)```\n", re.S)
+MAX_LINES = 720   # the walkthrough's budget of quoted code: about 700 lines
+
+
+def source_of(path, qualname):
+    """The source of function (or method) `qualname` in `path`, with its decorators, dedented to
+    column 0: read with ast, never imported (train_pretrain.py is a script)."""
+    text = open(os.path.join(ROOT, path)).read()
+    tree, parts = ast.parse(text), qualname.split(".")
+    nodes = tree.body
+    for i, part in enumerate(parts):
+        node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        assert node is not None, f"{path}: no {qualname}"
+        nodes = node.body
+    lines = text.splitlines(keepends=True)
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    block = lines[start:node.end_lineno]
+    indent = len(block[0]) - len(block[0].lstrip())
+    return "".join(x[indent:] if x.strip() else x.lstrip(" ") for x in block)
+
+
+def quotes():
+    return list(QUOTE.finditer(open(DOC).read()))
+
+
+def test_every_quote_is_the_function_as_it_stands():
+    found = quotes()
+    assert len(found) >= 20, "the walkthrough quotes the reading path function by function"
+    stale = [f"{m['file']} {m['name']}" for m in found if m["code"] != source_of(m["file"], m["name"])]
+    assert not stale, f"changed since docs/walkthrough.md quoted them: {stale} (python tests/test_walkthrough.py --update)"
+
+
+def test_the_reading_path_is_covered_within_its_budget():
+    names = {f"{m['file']} {m['name']}" for m in quotes()}
+    for must in ("model.py GPT.forward", "model.py MoE.forward", "model.py MoE.experts", "infra/engine.py generate",
+                 "train_pretrain.py train_step", "train_rl.py rl_step", "train_rl.py sample_round",
+                 "rl/rollouts.py rewards", "rl/algo.py group_advantages", "rl/algo.py ppo_token_loss",
+                 "train_rl.py micro_batch_loss", "env.py SandboxPool.submit_batch", "rl/algo.py pass_at_k"):
+        assert must in names, must
+    total = sum(m["code"].count("\n") for m in quotes())
+    assert total <= MAX_LINES, f"{total} quoted lines"
+
+
+def test_a_changed_function_fails(tmp_path, monkeypatch):
+    """The check itself: a quote that differs from its function by one character is caught."""
+    m = quotes()[0]
+    assert m["code"] == source_of(m["file"], m["name"])
+    changed = m["code"].replace("(", "( ", 1)
+    assert changed != source_of(m["file"], m["name"])
+
+
+def update():
+    text = open(DOC).read()
+    new = QUOTE.sub(lambda m: f"<!-- quote: {m['file']} {m['name']} -->\n```python\n"
+                              f"{source_of(m['file'], m['name'])}```\n", text)
+    open(DOC, "w").write(new)
+    print(f"{len(quotes())} quotes, {sum(m['code'].count(chr(10)) for m in quotes())} lines")
+
+
+if __name__ == "__main__" and "--update" in sys.argv:
+    update()
