@@ -117,9 +117,9 @@ def bench_model(quick, device=CPU, reduced=False):
 
 
 def moe_vs_dense(B, T, reps, device):
-    """MoE vs dense, equal active parameters: GPTConfig() is 8 experts top-2 + 1 shared; n_expert=1
-    makes every MLP dense with width (top_k + n_shared) * expert_hidden. Steps are interleaved so
-    that machine noise hits both models alike. Returns (figures, the MoE model)."""
+    """MoE vs dense, equal active parameters: GPTConfig() is 8 experts top-2 + 1 shared (bias balancing,
+    as the presets); n_expert=1 makes every MLP dense with width (top_k + n_shared) * expert_hidden.
+    Steps are interleaved so that machine noise hits both models alike. Returns (figures, the MoE model)."""
     from infra import common
     from model import GPT, GPTConfig
     x = torch.randint(0, 8192, (B, T + 1)).to(device)
@@ -509,7 +509,7 @@ def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
     for name, extra in arms.items():
         with tempfile.TemporaryDirectory() as tmp:
             run_script(["train_rl.py", "--preset", "cpu", "--device", str(device), "--init-from", ckpt,
-                        "--out-dir", tmp, "--steps", "8", "--no-eval", "--canary-every", "0", "--warmup-steps", "1",
+                        "--out-dir", tmp, "--steps", "8", "--eval-tasks", "0",
                         "--prefilter", "1",
                         "--no-dynamic-sampling",    # refills would make the arms' batches differ ...
                         "--len-penalty", "0.02"] + extra)   # ... and with it every group trains, as with refills
@@ -715,7 +715,7 @@ def gpu_check(out_dir):
            "--eval-every", "30", "--ckpt-every", "30"]   # and a sample of text at the last step
     pre += ["--tasks-n", "20000", "--source-mb", "4"] if cuda else []
     rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--out-dir", os.path.join(out_dir, "rl"),
-          "--steps", "2", "--no-eval", "--ckpt-every", "0",
+          "--steps", "2", "--eval-tasks", "0",
           # a 30-step model fails every task: a length penalty gives its groups a spread (room for
           # 128 tokens, so that some samples end early), and both steps train (backward through the
           # MoE kernels and the gradient all-reduce), as in bench_rl
@@ -765,7 +765,7 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
     and greedy; the RL batch is 16 prompts x 8 samples at temperature 1 (train_rl.py's cpu preset).
     Acceptance per draft position: the share of drafts kept among those reached (every earlier draft
     kept). Greedy tokens must be plain greedy's (spec_greedy_identical). The model runs on `device`
-    (on CUDA under bf16 autocast, as generate_streams runs it; the *_cpu_time ratios then count the
+    (on CUDA under bf16 autocast, as fast.generate runs it; the *_cpu_time ratios then count the
     host's time only)."""
     from infra import common
     from infra import fast, speculative

@@ -45,10 +45,12 @@ class GPTConfig:
     top_k: int = 2
     n_shared_expert: int = 1        # always-on experts (DeepSeekMoE); they learn what every token needs
     expert_hidden: int = 128
-    n_dense_layers: int = 1         # first layers dense, as DeepSeek-V3 / Kimi K2 do (early routing is unstable)
+    n_dense_layers: int = 1         # first layers dense, as DeepSeek-V3 / Kimi K2 do
+                                    # (early routing is unstable)
     dense_hidden: int = 0           # 0 -> (top_k + n_shared_expert) * expert_hidden, i.e. equal ACTIVE size
     rope_theta: float = 10000.0
-    balance: str = "bias"           # "bias" (DeepSeek-V3 aux-free, the presets') | "aux" (Switch LB + z-loss) | "none"
+    balance: str = "bias"           # "bias" (DeepSeek-V3 aux-free, the presets')
+                                    # | "aux" (Switch LB + z-loss) | "none"
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 1e-3
     bias_rate: float = 1e-3
@@ -58,12 +60,22 @@ class GPTConfig:
         for ok, msg in [(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0
                          and (self.n_embd // self.n_head) % 2 == 0, "n_embd/n_head must be an even head dim, "
                          "n_head a multiple of n_kv_head"),
-                        (self.n_expert == 1 or 1 <= self.top_k <= self.n_expert, "need 1 <= top_k <= n_expert"),
+                        (self.n_expert == 1 or 1 <= self.top_k <= self.n_expert,
+                         "need 1 <= top_k <= n_expert"),
                         (0 <= self.n_dense_layers <= self.n_layer, "need 0 <= n_dense_layers <= n_layer"),
                         (self.balance in ("aux", "bias", "none"), "balance must be aux, bias or none"),
-                        (self.n_mtp >= 0, "n_mtp must be >= 0")]:
+                        (self.n_mtp >= 0, "n_mtp must be >= 0"),
+                        (self.n_expert <= 256, "at most 256 experts (routes are recorded as one byte)")]:
             if not ok:
                 raise ValueError(f"GPTConfig: {msg}")
+        # torch._grouped_mm (the MoE's GPU dispatch) in bf16 needs 16-byte aligned rows: widths that are
+        # multiples of 8. Others pass every fp32 CPU test and crash on a GPU, so they are refused here.
+        for name in ("n_embd", "expert_hidden") if self.n_expert > 1 else ():
+            width = getattr(self, name)
+            if width % 8:
+                raise ValueError(f"GPTConfig: {name} {width} is not a multiple of 8, which the MoE's grouped "
+                                 f"matmul needs on a GPU: use {name} {-(-width // 8) * 8} "
+                                 f"(--{name.replace('_', '-')})")
 
     @property
     def mlp_hidden(self) -> int:
@@ -185,7 +197,8 @@ class MoE(nn.Module):
     # with experts_loop, the textbook reference; path() chooses, in one place. A class attribute, not
     # config: it changes speed, never results beyond float rounding (tests/test_model.py flips it).
     dispatch = "auto"
-    DENSE_ROWS = 1024   # CUDA no-grad batches up to this many tokens go dense rather than sorted (E/k x FLOPs, no sync)
+    # CUDA no-grad batches up to this many tokens go dense rather than sorted (E/k x FLOPs, no sync)
+    DENSE_ROWS = 1024
 
     def __init__(self, cfg):
         super().__init__()
@@ -234,8 +247,7 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(x)
         if track:
-            keep = valid.reshape(-1).to(x.device) if valid is not None else slice(None)
-            self.balance_terms(logits[keep], probs[keep], topi[keep])
+            self.balance_terms(logits, probs, topi, None if valid is None else valid.reshape(-1).to(x.device))
         return y.view(shape), topi.detach()
 
     def experts(self, x, topi, gates, grouped=False):
@@ -245,10 +257,10 @@ class MoE(nn.Module):
         (a speed path, expert_matmul) instead of a matmul per expert."""
         N, k = topi.shape
         dt = compute_dtype(x)                   # the experts in bf16 under autocast
-        ids, order = topi.flatten().sort(stable=True)
-        # tokens per expert from the sorted ids, on the device: torch.bincount reads its input's max
-        # on the host, a GPU sync per layer and decode step; grouped_mm takes these as device offsets
-        counts = torch.searchsorted(ids, torch.arange(self.E + 1, device=ids.device)).diff()
+        experts_sorted, order = topi.flatten().sort(stable=True)
+        # tokens per expert from the sorted expert ids, on the device: torch.bincount reads its input's
+        # max on the host, a GPU sync per layer and decode step; grouped_mm takes these as device offsets
+        counts = torch.searchsorted(experts_sorted, torch.arange(self.E + 1, device=x.device)).diff()
         a, b = expert_matmul(x[order // k].to(dt), self.w1.to(dt), counts, grouped).chunk(2, -1)
         out = expert_matmul(F.silu(a) * b, self.w2.to(dt), counts, grouped)
         out = out * gates.flatten()[order, None].to(dt)
@@ -281,7 +293,8 @@ class MoE(nn.Module):
         (fast.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
         data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
         it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
-        w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device).scatter_add(1, topi, gates.to(x.dtype))
+        w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device)
+        w = w.scatter_add(1, topi, gates.to(x.dtype))
         a, b = torch.matmul(x, self.w1.to(x.dtype)).chunk(2, -1)                 # (E, N, H) each
         return torch.matmul(F.silu(a) * b * w.T[:, :, None], self.w2.to(x.dtype)).sum(0)
 
@@ -294,9 +307,15 @@ class MoE(nn.Module):
             y = y.index_add(0, tok, ((F.silu(a) * b) @ self.w2[e] * gates[tok, slot, None]).to(y.dtype))
         return y
 
-    def balance_terms(self, logits, probs, topi):
+    def balance_terms(self, logits, probs, topi, valid=None):
+        """Expert loads and the balancing terms of one forward's N tokens; valid (N,) bool: the real
+        ones. Padding weighs zero, as a weight rather than a boolean index, and loads are an
+        index_add rather than a bincount: static shapes, so no host read and no graph break."""
         E = self.E
-        counts = torch.bincount(topi.flatten(), minlength=E).double()
+        w = torch.ones(len(topi), device=topi.device) if valid is None else valid.to(probs.dtype)
+        counts = torch.zeros(E, dtype=torch.float64, device=topi.device).index_add_(
+            0, topi.flatten(), w.double().repeat_interleave(self.k))
+        n = w.sum().clamp_min(1)
         f = counts
         if self.training and torch.is_grad_enabled():
             # Global-batch load balancing (Qiu et al. 2025, Qwen): count expert loads over every
@@ -312,15 +331,16 @@ class MoE(nn.Module):
             if self.cfg.balance == "aux" and dist.is_available() and dist.is_initialized():
                 dist.all_reduce(f)
         f = (f / f.sum().clamp_min(1)).float()
-        P = probs.mean(0) if len(probs) else probs.sum(0)     # no real token (a dummy row): P = 0
+        P = (probs * w[:, None]).sum(0) / n       # no real token (a dummy row): P = 0
         # Switch Transformer LB loss: E * sum_i f_i P_i, equal to 1 under perfectly uniform routing.
         lb = E * (f * P).sum()
         # Router z-loss (ST-MoE, Zoph et al. 2022): keeps router logits small, so the fp32 softmax
         # stays well conditioned and bf16 rounding of its inputs cannot flip choices.
-        z = torch.logsumexp(logits, -1).square().sum() / max(len(logits), 1)
-        self.aux = self.cfg.aux_loss_coef * lb + self.cfg.z_loss_coef * z if self.cfg.balance == "aux" else 0.0
+        z = (torch.logsumexp(logits, -1).square() * w).sum() / n
+        self.aux = (self.cfg.aux_loss_coef * lb + self.cfg.z_loss_coef * z
+                    if self.cfg.balance == "aux" else 0.0)
         with torch.no_grad():
-            entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1).sum() / max(len(probs), 1)
+            entropy = -((probs * probs.clamp_min(1e-20).log()).sum(-1) * w).sum() / n
         self.stats = dict(counts=counts.detach(), lb=lb.detach(), z=z.detach(), entropy=entropy)
 
 
@@ -357,7 +377,8 @@ class MTP(nn.Module):
 
     def __init__(self, cfg, m):
         super().__init__()
-        self.norm_h, self.norm_e, self.norm = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
+        self.norm_h, self.norm_e = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
+        self.norm = nn.RMSNorm(cfg.n_embd)
         self.combine = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False)
         self.block = Block(cfg, cfg.n_layer + m - 1, dense=True)
 
@@ -391,7 +412,8 @@ class GPT(nn.Module):
         # the same k experts.
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith(("proj.weight", "w2.weight", ".w2")) else 0.02
+                residual_out = name.endswith(("proj.weight", "w2.weight", ".w2"))
+                std = 0.02 / math.sqrt(2 * config.n_layer) if residual_out else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def moe_layers(self):
@@ -482,8 +504,8 @@ class GPT(nn.Module):
         if not layers:
             return
         if self.config.balance == "bias":
-            loads = torch.stack([m.load if m.load is not None else torch.zeros_like(m.bias, dtype=torch.float64)
-                                 for m in layers])
+            loads = torch.stack([m.load if m.load is not None
+                                 else torch.zeros_like(m.bias, dtype=torch.float64) for m in layers])
             if dist.is_available() and dist.is_initialized():
                 dist.all_reduce(loads)
             for m, load in zip(layers, loads):
@@ -503,7 +525,9 @@ class GPT(nn.Module):
 
     def estimate_flops_per_token(self) -> float:
         """Training FLOPs per token (PaLM appendix B, as nanoGPT): 6 * active matmul params (the
-        embedding lookup is not a matmul) + attention 12 * n_layer * n_head * head_dim * seq_len."""
+        embedding lookup is not a matmul) + attention, causal: a query at position t meets t + 1 keys,
+        (seq_len + 1) / 2 on average, so 12 * n_layer * n_head * head_dim * (seq_len + 1) / 2 (as
+        nanochat counts it; PaLM's full seq_len counts the masked half too). MFU divides by this."""
         c = self.config
         active = self.num_params()[1] - self.wte.weight.numel()
-        return 6 * active + 12 * c.n_layer * c.n_embd * c.seq_len
+        return 6 * active + 6 * c.n_layer * c.n_embd * (c.seq_len + 1)

@@ -53,7 +53,7 @@ if [ "$TURNS" -gt 1 ]; then
   run_stage rl1 python train_rl.py --preset "$PRESET" --init-from "$REPAIR_CKPT" --out-dir "$OUT/rl1" --turns 1
   RL1_CKPT=$(json_get "$OUT/rl1.json" ckpt)
   run_stage rl python train_rl.py --preset "$PRESET" --init-from "$RL1_CKPT" --out-dir "$OUT/rl" --turns 1 \
-    --repair-groups --task-seed 2 --no-eval
+    --repair-groups --task-seed 2 --eval-tasks 0
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --ckpt "$REPAIR_CKPT" --ckpt "$RL1_CKPT" --ckpt "$RL_CKPT" \
     --label repair-base --label rl-1turn --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED" --turns "$TURNS"

@@ -1,7 +1,7 @@
 """
 Multi-token prediction by self-distillation: a short stage after pretraining that gives a checkpoint
 DeepSeek-V3's MTP modules (model.py: MTP), which then draft tokens for speculative decoding
-(infra/engine.py: generate_speculative; the interactive command, agent.py, uses it).
+(infra/speculative.py: generate; the interactive command, agent.py, uses it).
 
     python train_mtp.py --preset cpu --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/mtp
     python train_mtp.py --init-from CKPT --n-mtp 2 --train-trunk     # depth 2, the trunk trained too
@@ -76,13 +76,16 @@ def pretraining_data(args, ckpt):
     for path in sorted(p for d in dirs for p in glob.glob(os.path.join(d, "prepared-*.json"))):
         with open(path) as f:
             prep = json.load(f)
-        if Tokenizer.from_dict(prep["tokenizer"]).fingerprint() == want and all(map(os.path.isfile, prep["paths"].values())):
+        if (Tokenizer.from_dict(prep["tokenizer"]).fingerprint() == want
+                and all(map(os.path.isfile, prep["paths"].values()))):
             break
     else:
-        common.die(f"no prepared pretraining data for this checkpoint's tokenizer in {cache_dir}: pass --cache-dir "
-                   "(the cache directory of the train_pretrain.py run that made --init-from)")
+        common.die(f"no prepared pretraining data for this checkpoint's tokenizer in {cache_dir}: "
+                   "pass --cache-dir (the cache directory of the train_pretrain.py run that made "
+                   "--init-from)")
     arrays = corpus.open_caches(prep)
-    spec = args.mix or ckpt.get("args", {}).get("mix") or ",".join(f"{k.split('/')[0]}=1" for k in prep["paths"])
+    spec = (args.mix or ckpt.get("args", {}).get("mix")
+            or ",".join(f"{k.split('/')[0]}=1" for k in prep["paths"]))
     sources = sorted(k.split("/")[0] for k in arrays if k.endswith("/train"))   # what the caches hold
     mix = {name: w for name, w in corpus.parse_mix(spec, sources).items()
            if w > 0 and len(arrays[f"{name}/train"]) > args.seq_len}
@@ -112,13 +115,19 @@ def main(argv=None):
     p.add_argument("--steps", type=int, help="optimizer steps")
     p.add_argument("--micro-batch", type=int, help="sequences per step")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (at most the checkpoint's context)")
-    p.add_argument("--lr", type=float, help="peak learning rate (AdamW), linear warmup then cosine decay to 0")
+    p.add_argument("--lr", type=float,
+                   help="peak learning rate (AdamW), linear warmup then cosine decay to 0")
     p.add_argument("--warmup-steps", type=int, help="linear warmup steps")
-    p.add_argument("--mix", default="", help="source weights NAME=W,... (empty: the parent's pretraining mix)")
-    p.add_argument("--cache-dir", help="train_pretrain.py's token caches (none: cache/ beside INIT_FROM or beside its parent)")
+    p.add_argument("--mix", default="",
+                   help="source weights NAME=W,... (empty: the parent's pretraining mix)")
+    p.add_argument("--cache-dir", help="train_pretrain.py's token caches "
+                   "(none: cache/ beside INIT_FROM or beside its parent)")
     p.add_argument("--val-tokens", type=int, help="held-out tokens per source for the final agreement")
     p.add_argument("--log-every", type=int, help="steps between log lines")
     args = common.parse_args(p, PRESETS, argv)
+    if common.dist_env()[2] > 1:   # one short stage (minutes on a CPU): no process group, so refuse
+        common.die(f"train_mtp.py runs in one process (torchrun started {common.dist_env()[2]}): run it "
+                   "with plain python, on one GPU")
     if not args.init_from:
         common.die("--init-from CKPT is required (a train_pretrain.py checkpoint)")
     if args.n_mtp < 1 or args.steps < 1 or args.micro_batch < 1 or args.seq_len < 2 or not args.lr > 0:
@@ -150,7 +159,8 @@ def main(argv=None):
             rows.append(np.asarray(arr[i:i + T + 1], dtype=np.int64))
         xy = torch.from_numpy(np.stack(rows)).to(device)
         x, y = corpus.inputs_targets(xy, tok.vocab_size)
-        lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        lr = (args.lr * min(1.0, (step + 1) / args.warmup_steps)
+              * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
         with common.autocast(device):
@@ -166,8 +176,9 @@ def main(argv=None):
                    "elapsed_s": time.time() - t_start}
             common.log_metrics(metrics, rec)
             print(json.dumps(rec), file=sys.stderr, flush=True)
-    held = [corpus.mtp_agreement(model, tok, [(np.asarray(arrays[f"{n}/val"][:args.val_tokens], dtype=np.int64)
-                                               % tok.vocab_size).tolist()], args.val_tokens)
+    held = [corpus.mtp_agreement(model, tok,
+                                 [(np.asarray(arrays[f"{n}/val"][:args.val_tokens], dtype=np.int64)
+                                   % tok.vocab_size).tolist()], args.val_tokens)
             for n in names if len(arrays[f"{n}/val"])]
     held = [sum(a) / len(held) for a in zip(*held)] if held else None   # the mean over the sources
     path = os.path.join(args.out_dir, "ckpt.pt")

@@ -116,7 +116,10 @@ a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained o
 # architecture (ignored with --init-from / --resume, which use the checkpoint's; --upcycle reads the MoE ones)
 for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"),
                    ("top-k", "experts per token"),
-                   ("n-expert", "routed experts per MoE layer (--n-expert 1 --top-k 1: dense)"),
+                   ("n-expert", "routed experts per MoE layer (the dense ablation at the MoE's active "
+                                "size, as experiments/dense_vs_moe.sh: --n-expert 1 --top-k 1 "
+                                "--n-shared-expert 0 --expert-hidden (top_k + n_shared_expert) x "
+                                "expert_hidden, 384 on cpu)"),
                    ("n-shared-expert", "always-on shared experts"),
                    ("expert-hidden", "hidden width of an expert")]:
     a(f"--{flag}", type=int, help=text)
@@ -190,6 +193,12 @@ if not 0 <= args.repair_frac <= 1:
     common.die(f"--repair-frac must be between 0 and 1, got {args.repair_frac}")
 if not args.source_mb >= 0:
     common.die(f"--source-mb must be >= 0 (0 = no cap), got {args.source_mb}")
+if init is None:   # a bad architecture is refused now, before any data is prepared
+    try:
+        GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_dense_layers=N_DENSE_LAYERS,
+                  **{k: getattr(args, k) for k in ARCH})
+    except ValueError as e:
+        common.die(str(e))
 user_data, mix = corpus.parse_sources(args.data, args.mix)
 
 T = args.seq_len
@@ -445,13 +454,15 @@ if master:
           + ", ".join(f"{n} {w:.2f} ({lens[i] / 1e6:.2f}M tok)"
                       for i, (n, w) in enumerate(zip(names, weights))),
           file=sys.stderr)
-losses, step_times, val = [], [], {}
-bar = tqdm(range(start_step, args.max_steps), disable=not master, dynamic_ncols=True, file=sys.stderr,
-           initial=start_step, total=args.max_steps)
-for step in bar:
-    if args.stop_at_step and step >= args.stop_at_step:
-        break
-    t0 = time.perf_counter()
+    print(f"mfu: {flops_per_token / 1e6:.1f} MFLOP per token (6 x active matmul params + causal attention: "
+          f"model.estimate_flops_per_token) over a peak of {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
+
+
+def train_step(step):
+    """One optimizer step on the global batch of `step`: the micro-batches' gradients accumulated (DDP
+    all-reduces them once, at the last), the global norm clipped, AdamW, then the MoE's aux-loss-free
+    bias moved by the step's expert loads. A non-finite loss or gradient stops the run before the
+    update, on every rank. Returns (mean loss, gradient norm, learning rate)."""
     lr = lr_at(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -461,23 +472,38 @@ for step in bar:
         x, y = corpus.inputs_targets(xy[m * mbs:(m + 1) * mbs], tok.vocab_size)
         with model.no_sync() if ddp and m < accum - 1 else nullcontext():   # all-reduce once per step
             with common.autocast(device):
-                _, loss = model(x, y)
+                _, loss = model(x, y)       # cross-entropy + the MoE balancing terms
             (loss / accum).backward()
         loss_sum += loss.detach()
     gnorm = torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP or float("inf")).item()
     loss_val = common.all_reduce_mean(loss_sum.item() / accum)
     if not (math.isfinite(loss_val) and math.isfinite(gnorm)):   # same values on every rank: all stop
-        good = (torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"]
-                if os.path.isfile(ckpt_path) else None)
-        bar.close()
-        common.cleanup_ddp()
-        common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "
-                   "before applying it; last good checkpoint: "
-                   + (f"{ckpt_path} (step {good})" if good else "none")
-                   + "; try a lower --lr, or --resume from it")
+        stop_non_finite(step, loss_val, gnorm, lr)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     raw.after_optimizer_step()       # aux-free bias update + reset of the global-batch load counters
+    return loss_val, gnorm, lr
+
+
+def stop_non_finite(step, loss_val, gnorm, lr):
+    good = (torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["step"]
+            if os.path.isfile(ckpt_path) else None)
+    bar.close()                      # the progress bar's line ends before the error's
+    common.cleanup_ddp()
+    common.die(f"non-finite loss {loss_val} (grad norm {gnorm}) at step {step + 1}, lr {lr:.3g}: stopped "
+               "before applying it; last good checkpoint: "
+               + (f"{ckpt_path} (step {good})" if good else "none")
+               + "; try a lower --lr, or --resume from it")
+
+
+losses, step_times, val = [], [], {}
+bar = tqdm(range(start_step, args.max_steps), disable=not master, dynamic_ncols=True, file=sys.stderr,
+           initial=start_step, total=args.max_steps)
+for step in bar:
+    if args.stop_at_step and step >= args.stop_at_step:
+        break
+    t0 = time.perf_counter()
+    loss_val, gnorm, lr = train_step(step)
     if device.type == "cuda":
         torch.cuda.synchronize()
     step_times.append(time.perf_counter() - t0)

@@ -31,7 +31,6 @@ lines). The last stdout line is a JSON summary. rl/algo.py holds the algorithm a
 rl/rollouts.py the sampling half of the step, rl/metrics.py what a run records.
 """
 import argparse
-import math
 import os
 import time
 from collections import Counter, namedtuple
@@ -45,7 +44,6 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from infra import common
-from infra import fast
 import env
 from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss, token_logprobs,
                      token_weights)
@@ -54,28 +52,43 @@ from rl.metrics import new_stats, record, summarize_run
 from rl import rollouts
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
-# Presets: defaults only, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
+# Presets: defaults, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
 # why its train mix, held-out levels and prefilter: docs/results.md (RL: the cpu preset), docs/notes.md.
 # Its gen_batch = B x G: one generate() call per round, so sandboxing never overlaps generation (on 2
 # cores the overlap only slowed generation: docs/benchmarks.md, `python bench.py rl`).
+# FIXED: settings with no flag (the flags are run settings and the README's ablations), the same in
+# every preset unless a preset sets its own; a test or tool sets them through main(argv, **settings).
+FIXED = dict(
+    warmup_steps=5, ckpt_every=20,              # LR warmup steps; steps between checkpoints (0: end only)
+    sandbox_workers=None, sandbox_timeout=2.0,  # None: this machine's cores / local ranks; seconds per program
+    eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
+    len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
+    ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
+    weight_decay=0.0, grad_clip=1.0,            # AdamW; the global gradient-norm clip (0 = off)
+    moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
+    eval_n=8, eval_k=8, eval_seed=0, eval_difficulties="",   # held-out samples per task, pass@k, seed 0 to
+    # tune on (eval.py reports on another), levels
+    canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward hack); 0 = off
+    sample_seeding="batch",   # batch: one RNG per round and rank; task: one per task (samples that do
+    # not depend on the rank layout, as the DDP tests compare)
+)
 PRESETS = {
-    "smoke": dict(steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
-                  warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, eval_n=8,
-                  eval_temperature=1.0, ckpt_every=0, canary_every=2, difficulties="", eval_difficulties="",
-                  dynamic_sampling=False, compile_decode=False),
-    "cpu": dict(steps=400, max_minutes=13.5, batch_tasks=16, group_size=8, max_new_tokens=96, temperature=1.0,
-                lr=3e-4, warmup_steps=5, micro_batch=32, gen_batch=128, eval_every=100, eval_tasks=560, eval_n=8,
-                eval_temperature=1.0, ckpt_every=20, canary_every=10, difficulties="1,2-3,2-3", eval_difficulties="1-2",
-                dynamic_sampling=True, prefilter=3, sandbox_timeout=1.0, compile_decode=False),
-    "gpu": dict(steps=400, batch_tasks=64, group_size=16, max_new_tokens=256, temperature=1.0, lr=5e-5,
+    "smoke": dict(FIXED, steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
+                  warmup_steps=0, micro_batch=8, gen_batch=64, eval_every=0, eval_tasks=4, ckpt_every=0,
+                  canary_every=2, difficulties="", dynamic_sampling=False),
+    "cpu": dict(FIXED, steps=400, max_minutes=13.5, batch_tasks=16, group_size=8, max_new_tokens=96,
+                temperature=1.0, lr=3e-4, micro_batch=32, gen_batch=128, eval_every=100, eval_tasks=560,
+                canary_every=10, difficulties="1,2-3,2-3", eval_difficulties="1-2", dynamic_sampling=True,
+                prefilter=3, sandbox_timeout=1.0),
+    "gpu": dict(FIXED, steps=400, batch_tasks=64, group_size=16, max_new_tokens=256, temperature=1.0, lr=5e-5,
                 warmup_steps=10, micro_batch=64, gen_batch=512, eval_every=50, eval_tasks=500, eval_n=16,
-                eval_temperature=1.0, ckpt_every=50, canary_every=10, difficulties="1,2-3,2-3,4", eval_difficulties="1-3",
-                dynamic_sampling=True, prefilter=3, max_minutes=60, compile_decode=False),   # docs/gpu.md: why
+                ckpt_every=50, canary_every=10, difficulties="1,2-3,2-3,4", eval_difficulties="1-3",
+                dynamic_sampling=True, prefilter=3, max_minutes=60),   # docs/gpu.md: why
 }
 
 
 # ---------------------------------------------------------------------------------------------
-# Arguments
+# Arguments: run settings, and the ablations of the README's table
 
 p = common.ArgumentParser(prog="train_rl.py", description=__doc__.split("\n\n")[0],
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -87,18 +100,10 @@ g.add_argument("--max-minutes", type=float, default=0.0, help="stop (eval, check
 g = p.add_argument_group("rollouts")
 g.add_argument("--batch-tasks", type=int, help="tasks per step, GLOBAL (split across ranks)")
 g.add_argument("--group-size", type=int, help="completions per task (fixed group size, G)")
-g.add_argument("--temperature", type=float, help="sampling temperature of the rollouts")
-g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling of the rollouts (1 = off; <1: the sampler is "
-                                                         "no longer the policy, so the PPO ratio is not 1)")
+g.add_argument("--temperature", type=float, help="sampling temperature of the rollouts and the held-out evals")
 g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
 g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is "
                                              "generated (no overlap when one call holds a round, as in the cpu preset)")
-g.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-               help="decode steps through torch.compile (fast.COMPILE; CPU-tested). Off in every preset: "
-                    "see docs/notes.md (compiled decode)")
-g.add_argument("--sample-seeding", choices=["batch", "task"], default="batch",
-               help="for tests. batch: one RNG per step and rank (fast, batched); task: one generate call and "
-                    "RNG per task (seed, stream index), so samples do not depend on the rank layout")
 g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level "
                                       "listed twice is drawn twice as often, e.g. 1,2-3,2-3 (the odds of one "
                                       "draw: a rejected program draws its level anew, so levels rejected more "
@@ -112,29 +117,23 @@ g.add_argument("--repair-groups", action="store_true",
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true", help="reward = fraction of tests passed (default: 1 if all pass)")
-g.add_argument("--len-penalty", type=float, default=0.0, help="W: reward -= W * C(completion tokens)")
-g.add_argument("--len-k", type=float, default=0.01, help="k of C(x) = ((1+kx)^(1-q) - 1) / (k(1-q))")
-g.add_argument("--len-q", type=float, default=0.5, help="q of C(x) (0 linear, 1 logarithmic)")
+g.add_argument("--len-penalty", type=float, default=0.0, help="W: reward -= W * C(completion tokens), Composer 2's "
+                                                              "concave length cost (k, q: train_rl.FIXED)")
 g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
                                                           "(0: no reference model is built)")
-g.add_argument("--canary-every", type=int, help="every N steps, after the step, sample a group for a canary task "
-                                                "(any pass = reward hack) with the updated policy; scored and "
-                                                "logged, never trained on; 0 = off")
-g.add_argument("--sandbox-workers", type=int, default=None, help="sandbox processes (default: this machine's cores / local ranks)")
-g.add_argument("--sandbox-timeout", type=float, default=2.0, help="seconds per program")
 g = p.add_argument_group("advantage and loss")
 g.add_argument("--adv-std", action="store_true", help="divide advantages by the group std (GRPO; default Dr. GRPO)")
 g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction,
                help="replace groups whose correctness does not vary (all pass / all fail) with fresh tasks (DAPO); "
-                    "each round samples a full --gen-batch, surplus groups wait one step in a queue")
-g.add_argument("--ds-max-tries", type=int, default=3, help="extra sampling rounds per step for --dynamic-sampling")
+                    "each round samples the rank's whole share of --batch-tasks, surplus groups wait one step "
+                    "in a queue")
 g.add_argument("--prefilter", type=int, default=1, help="online difficulty filtering: draw K x the tasks a round "
                                                         "needs and keep the 1/K likeliest to give a mixed group "
                                                         "(predicted from the policy's probability of the reference "
                                                         "solution); 1 = off")
-g.add_argument("--eps-low", type=float, default=0.2, help="PPO clip below: ratio >= 1 - eps_low")
 g.add_argument("--eps-high", type=float, default=0.28, help="PPO clip above: ratio <= 1 + eps_high (clip-higher, "
-                                                            "DAPO); only binds with --ppo-epochs > 1 or queued groups")
+                                                            "DAPO; 0.2: symmetric); only binds with --ppo-epochs > 1 "
+                                                            "or queued groups")
 g.add_argument("--loss-norm", choices=["constant", "token", "sequence"], default="constant",
                help="constant: Dr. GRPO; token: DAPO; sequence: GRPO")
 g.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (1 = on-policy, single epoch)")
@@ -145,35 +144,23 @@ g.add_argument("--pack-prompts", action=argparse.BooleanOptionalAction, default=
 g.add_argument("--router-replay", action=argparse.BooleanOptionalAction, default=True,
                help="train on the experts the sampler used, recorded at generation (Composer 2's router replay; "
                     "--no-router-replay: on the router's own choices)")
-g.add_argument("--moe-aux-scale", type=float, default=0.0, help="x the model's own MoE aux-loss coefficients "
-                                                                "(balance=aux models); 0 = pure policy gradient")
-g = p.add_argument_group("optimiser")
-g.add_argument("--lr", type=float, help="peak learning rate (AdamW)")
-g.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant", help="after the warmup")
-g.add_argument("--min-lr-frac", type=float, default=0.1, help="cosine floor as a fraction of --lr")
-g.add_argument("--warmup-steps", type=int, help="linear LR warmup")
-g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 = off)")
-g = p.add_argument_group("evaluation and checkpoints")
+g.add_argument("--lr", type=float, help="peak learning rate (AdamW, constant after the warmup)")
+g = p.add_argument_group("evaluation")
 g.add_argument("--eval-every", type=int, help="steps between held-out evals (also at start and end; 0 = only those)")
-g.add_argument("--eval-tasks", type=int, help="held-out env test-split tasks")
-g.add_argument("--eval-n", type=int, help="samples per held-out task (pass@1 = mean over them)")
-g.add_argument("--eval-k", type=int, default=8, help="the k of the reported pass@k")
-g.add_argument("--eval-temperature", type=float, help="sampling temperature of the held-out eval")
-g.add_argument("--eval-difficulties", help="held-out difficulty levels, e.g. 1-3 (empty = all)")
-g.add_argument("--eval-seed", type=int, default=0, help="seed of the held-out env test tasks and their sampling "
-                                                         "(tune on one seed, report on another)")
-g.add_argument("--no-eval", action="store_true", help="skip every held-out eval (tests; run.sh's episode stage, "
-                                                      "which its eval stage measures)")
-g.add_argument("--ckpt-every", type=int, help="steps between checkpoints (and at the end; 0 = end only)")
+g.add_argument("--eval-tasks", type=int, help="held-out env test-split tasks (0: no held-out eval, as run.sh's "
+                                              "episode stage, which its eval stage measures)")
 common.add_plan_args(p)   # --dry-run, --world-size, --plan-device
 
 
 # ---------------------------------------------------------------------------------------------
 # The loop: one RL step, the canary, the record, then held-out evals, checkpoints and the clock
 
-def main(argv=None):
+def main(argv=None, **settings):
+    """Parses argv (flags over the preset); settings fix values of train_rl.FIXED (tests, tools)."""
     args = common.parse_args(p, PRESETS, argv)
+    if set(settings) - set(FIXED):
+        raise TypeError(f"train_rl.main: {sorted(set(settings) - set(FIXED))} are not settings of train_rl.FIXED")
+    vars(args).update(settings)
     if args.dry_run:                    # the plan (batch, memory, time), then exit
         common.rl_plan(args, args.world_size or common.dist_env()[2])
     ctx = setup(args)
@@ -244,6 +231,14 @@ def rl_step(ctx, step):
         model.after_optimizer_step()
     stats["moe"] = model.moe_metrics() if model.n_moe_layers and counts.n_seqs else {}
     stats["train_s"] += time.time() - t0
+    return on_host(stats)
+
+
+def on_host(stats):
+    """The step's statistics with the sums the micro-batches kept on the device read, in one go."""
+    keys = [k for k, v in stats.items() if torch.is_tensor(v)]
+    for k, v in zip(keys, torch.stack([stats[k].double() for k in keys]).tolist() if keys else []):
+        stats[k] = v
     return stats
 
 
@@ -323,16 +318,15 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     # Each micro-batch's term weighs by its share of the GLOBAL positions: gradients are summed over
     # micro-batches and ranks, so the total is one token-weighted mean, whatever the number of ranks.
     if args.moe_aux_scale and model.config.balance == "aux":
-        share = valid.sum().item() / max(counts.n_positions, 1)
+        share = batch.valid.sum().item() / max(counts.n_positions, 1)   # the CPU copy: no device read
         loss = loss + args.moe_aux_scale * share * sum(m.aux for m in model.moe_layers())
     loss.backward()
-    with torch.no_grad():
-        stats[f"loss_e{epoch}"] += (tok_loss * w).sum().item()
-        stats[f"tokens_e{epoch}"] += mask.sum().item()
-        stats[f"clip_e{epoch}"] += (clipped.float() * mask).sum().item()
-        stats[f"entropy_e{epoch}"] += (entropy * mask).sum().item()
-        stats[f"kl_old_e{epoch}"] += ((old - logp) * mask).sum().item()          # k1 vs the sampling policy
-        stats[f"mismatch_e{epoch}"] += ((old - logp).abs() * mask).sum().item()  # what router replay removes
+    with torch.no_grad():   # sums kept on the device, read once a step (on_host): no sync per micro-batch
+        sums = torch.stack([(tok_loss * w).sum(), mask.sum(), (clipped.float() * mask).sum(),
+                            (entropy * mask).sum(), ((old - logp) * mask).sum(),     # k1 vs the sampling policy
+                            ((old - logp).abs() * mask).sum()])                       # what router replay removes
+        for name, x in zip(("loss", "tokens", "clip", "entropy", "kl_old", "mismatch"), sums):
+            stats[f"{name}_e{epoch}"] += x
 
 
 def padding_batch(ctx):
@@ -373,11 +367,8 @@ def all_reduce_grads(params):
 
 
 def lr_at(step, args):
-    lr = args.lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
-    if args.lr_schedule == "cosine":
-        prog = min(1.0, step / max(1, args.steps - 1))
-        lr *= args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * prog))
-    return lr
+    """A linear warmup, then --lr: a few hundred on-policy steps need no decay."""
+    return args.lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,12 +392,12 @@ def held_out(ctx, tag, at):
     through eval.evaluate_tasks, each rank scoring its share; the sums of per-task estimates and the
     counts of tasks scored are reduced, so no rank or unscorable task skews the means."""
     args = ctx.args
-    if args.no_eval:
+    if not args.eval_tasks:
         return {}
     t0 = time.time()
     mine = ctx.test_tasks[ctx.rank::ctx.world]
     r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
-                                  temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
+                                  temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                   batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
                                   turns=args.turns)
     per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
@@ -479,15 +470,15 @@ def check_args(args, world):
     if args.turns < 1:
         common.die(f"--turns must be >= 1, got {args.turns}")
     if args.turns > 1 and args.sample_seeding == "task":
-        common.die("--sample-seeding task is single-turn only (episodes sample in batches)")
+        common.die("sample_seeding 'task' is single-turn only (episodes sample in batches)")
     if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
         common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:
         common.die("--group-size must be >= 2 (advantages are relative to the group)")
-    if args.eval_n < args.eval_k and not args.no_eval:
-        common.die(f"--eval-n {args.eval_n} < --eval-k {args.eval_k}: pass@k needs n >= k samples per task")
+    if args.eval_n < args.eval_k and args.eval_tasks:
+        common.die(f"eval_n {args.eval_n} < eval_k {args.eval_k}: pass@k needs n >= k samples per task")
     if args.resume and not os.path.isfile(ckpt_path):
         common.die(f"--resume: no checkpoint at {ckpt_path!r}")
     if not args.resume and not args.init_from:
@@ -511,13 +502,13 @@ def task_sets(args, levels):
     try:
         stream = generate_tasks("train", min(4096, args.batch_tasks * max(1, args.steps)),
                                 seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if args.no_eval else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
+        test_tasks = [] if not args.eval_tasks else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
                                                             difficulties=eval_levels)
     except Exception as e:          # e.g. a difficulty level the generator does not have
         common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
     if not stream:
         common.die(f"empty train task set (--difficulties {args.difficulties!r})")
-    if not args.no_eval and not test_tasks:
+    if args.eval_tasks and not test_tasks:
         common.die(f"empty held-out task set (--eval-difficulties {args.eval_difficulties!r}, "
                    f"--eval-tasks {args.eval_tasks})")
     return stream, test_tasks
@@ -528,7 +519,6 @@ def setup(args):
     streams, the frozen reference (for --kl-coef) and the resumable `state`."""
     rank, _, world, device = common.setup_ddp(args.device)
     check_args(args, world)
-    fast.COMPILE = args.compile_decode
     levels = levels_of("--difficulties", args.difficulties)
     stream, test_tasks = task_sets(args, levels)
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")

@@ -342,7 +342,8 @@ def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     documents, joined as nats_and_bytes joins them and cut into windows of seq_len: the share of slots
     whose level-m argmax is the main head's argmax there (slots m and on: before them a level reads
     zeros). At temperature 0 it is the share of drafts speculative decoding keeps (when the drafts
-    before them were kept). Accepts strings or lists of token ids."""
+    before them were kept). Accepts strings or lists of token ids. Under common.autocast, as the
+    drafting runs (bf16 on a GPU: the fused attention kernels and the MoE's sync-free dispatch)."""
     device, T = next(model.parameters()).device, model.config.seq_len
     stream = token_stream(tok, texts_or_tokens, max_tokens)
     n = max(1, len(stream) // T)
@@ -353,10 +354,11 @@ def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
         for i in range(0, n, batch_size):
             xb = x[i:i + batch_size]
             pos = torch.arange(xb.size(1), device=device)[None]
-            h, _ = model.trunk(xb, pos)
-            main = model.lm_head(h).argmax(-1)
-            for m, logits in enumerate(model.mtp_logits(h, xb, pos), 1):
-                agree[m - 1] += (logits.argmax(-1) == main)[:, m:].float().mean() * len(xb)
+            with common.autocast(device):
+                h, _ = model.trunk(xb, pos)
+                main = model.lm_head(h).argmax(-1)
+                for m, logits in enumerate(model.mtp_logits(h, xb, pos), 1):
+                    agree[m - 1] += (logits.argmax(-1) == main)[:, m:].float().mean() * len(xb)
     finally:
         model.train(was_training)
     return (agree / n).tolist()

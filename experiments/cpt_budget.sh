@@ -4,7 +4,7 @@
 # data order: same --seed, each with its own LR decay: WSD decays over each run's own --max-steps); the same RL
 # run on each; the table and finding1.png put final validation loss next to held-out pass@1 (near / novel slices,
 # before and after RL).
-#   PRESET=smoke OUT=/tmp/f1 bash experiments/cpt_budget.sh         # wiring check, ~2 min on 2 cores
+#   PRESET=smoke OUT=/tmp/f1 bash experiments/cpt_budget.sh         # wiring check, under a minute on 2 cores
 #   bash experiments/cpt_budget.sh                                  # cpu preset: ~1 h per seed on 2 cores
 #   SEEDS="0 1" RL_ARGS="--max-minutes 6" bash experiments/cpt_budget.sh
 set -euo pipefail
@@ -18,7 +18,7 @@ case $PRESET in   # base steps, then the three budgets (x3 apart) of continued p
   smoke) BASE=8;    BUDGETS="4 12 36" ;;
   cpu)   BASE=300;  BUDGETS="100 300 900" ;;
   gpu)   BASE=1500; BUDGETS="500 1500 4500" ;;
-  *) echo "unknown PRESET=$PRESET (smoke, cpu, gpu)" >&2; exit 2 ;;
+  *) echo "error: unknown PRESET=$PRESET (smoke, cpu, gpu)" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT"
 for S in $SEEDS; do

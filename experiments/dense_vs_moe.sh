@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Dense vs MoE at equal active parameters: the preset's MoE (top-k routed + shared experts of width H) against a
-# dense MLP of width (top_k + n_shared) * H (--n-expert 1 --top-k 1 --n-shared-expert 0), same data, same steps;
-# then the same RL run on each. Pretraining curves, the RL gain, and both models' active/total parameters.
-#   PRESET=smoke OUT=/tmp/dm bash experiments/dense_vs_moe.sh       # wiring check, ~2 min on 2 cores
+# dense MLP of width (top_k + n_shared) * H (--n-expert 1 --top-k 1 --n-shared-expert 0 --expert-hidden that width;
+# 384 on cpu), same data, same steps; then the same RL run on each. Pretraining curves, the RL gain, and both
+# models' active/total parameters.
+#   PRESET=smoke OUT=/tmp/dm bash experiments/dense_vs_moe.sh       # wiring check, under a minute on 2 cores
 #   bash experiments/dense_vs_moe.sh                                # cpu preset
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ case $PRESET in
   smoke) DENSE_H=192 ;;    # (2 + 1) x 64
   cpu)   DENSE_H=384 ;;    # (2 + 1) x 128
   gpu)   DENSE_H=1536 ;;   # (2 + 1) x 512
-  *) echo "unknown PRESET=$PRESET (smoke, cpu, gpu)" >&2; exit 2 ;;
+  *) echo "error: unknown PRESET=$PRESET (smoke, cpu, gpu)" >&2; exit 2 ;;
 esac
 for S in $SEEDS; do
   run_stage "pretrain_moe_s$S" python train_pretrain.py --preset "$PRESET" --seed "$S" --cache-dir "$OUT/cache" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Dr. GRPO (the report's choice: advantage = reward - group mean, a constant loss normaliser) vs GRPO
 # (advantages divided by the group's std, per-sequence length normalisation), over seeds, from one checkpoint.
-#   PRESET=smoke OUT=/tmp/gv bash experiments/grpo_variants.sh      # wiring check, ~1 min on 2 cores
+#   PRESET=smoke OUT=/tmp/gv bash experiments/grpo_variants.sh      # wiring check, under a minute on 2 cores
 #   CKPT=runs/cpu/pretrain/ckpt.pt bash experiments/grpo_variants.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Router replay on vs off (Composer 2: the trainer forces the experts the sampler chose): RL curves, and the
 # train-inference log-prob mismatch and clip fraction with and without it, over seeds, from one checkpoint.
-#   PRESET=smoke OUT=/tmp/rr bash experiments/router_replay.sh      # wiring check, ~1 min on 2 cores
+#   PRESET=smoke OUT=/tmp/rr bash experiments/router_replay.sh      # wiring check, under a minute on 2 cores
 #   bash experiments/router_replay.sh                               # cpu preset: 2 seeds x 2 RL runs
 #   CKPT=runs/cpu/pretrain/ckpt.pt bash experiments/router_replay.sh  # skip the pretraining stage
 set -euo pipefail

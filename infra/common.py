@@ -226,15 +226,48 @@ def model_plan(cfg):
     return (*m.num_params(), m.estimate_flops_per_token())
 
 
+def saved_bytes(cfg, tokens):
+    """Bytes autograd keeps for the backward of one training forward (model + loss) of `tokens`
+    tokens, under bf16 autocast on the CPU: every saved tensor that is not a parameter, counted once
+    per storage (saved-tensor hooks)."""
+    from dataclasses import replace
+    from model import GPT
+    torch.manual_seed(0)
+    model, seen = GPT(replace(cfg, seq_len=max(cfg.seq_len, tokens))).train(), {}
+
+    def pack(t):
+        if not isinstance(t, torch.nn.Parameter):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    x = torch.randint(0, cfg.vocab_size, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, x)
+    return sum(seen.values())
+
+
+def activation_bytes_per_token(cfg):
+    """Saved-for-backward bytes per token of training, measured on the real model rather than taken
+    from a formula: Korthikanti et al.'s (2022) ~34 * n_embd bytes per layer missed the fp32 residual
+    stream and norms, the fp32 QK-norm and RoPE intermediates and the MoE's gather / scale / unsort
+    copies, and came out about 2x too low. The slope between 16 and 32 tokens (the bf16 weight copies
+    autocast saves do not grow with tokens; attention saves O(T), so the slope holds at any length)
+    at the depth of the dense layers plus one MoE layer and plus two, extrapolated to n_layer.
+    A few seconds on a CPU; tests/test_gpu_path.py holds it against the whole model."""
+    from dataclasses import replace
+    first = min(cfg.n_layer, cfg.n_dense_layers + 1)
+    slope = lambda n: (saved_bytes(replace(cfg, n_layer=n), 32) - saved_bytes(replace(cfg, n_layer=n), 16)) / 16
+    base = slope(first)
+    return base + (cfg.n_layer - first) * (slope(first + 1) - base if cfg.n_layer > first else 0)
+
+
 def memory_gb(cfg, params_total, rows, seq_len, extra_bytes=0):
-    """Estimated peak GPU memory of training: fp32 weights, grads and AdamW moments (16 B/param), bf16
-    activations of one micro-batch (Korthikanti et al. 2022: ~34 * n_embd bytes per token and layer
-    with a fused attention, the MLP's share scaled to the experts a token visits), its fp32 logits
-    and their gradient, `extra_bytes` (a KV cache, a reference model) and ~1.5 GB of CUDA context."""
-    width = (cfg.top_k + cfg.n_shared_expert) * cfg.expert_hidden
-    per_token_layer = 18 * cfg.n_embd + 16 * cfg.n_embd * width / (4 * cfg.n_embd)
-    act = rows * seq_len * (cfg.n_layer * per_token_layer + 8 * cfg.vocab_size)
-    return (16 * params_total + act + extra_bytes) / 1e9 + 1.5
+    """Estimated peak GPU memory of training: fp32 weights, grads and AdamW moments (16 B/param) and
+    the bf16 weight copies autocast keeps (2 B/param); the saved activations of one micro-batch,
+    measured (activation_bytes_per_token); the fp32 gradient of its logits; `extra_bytes` (a KV
+    cache, a reference model) and ~1.5 GB of CUDA context."""
+    act = rows * seq_len * (activation_bytes_per_token(cfg) + 4 * cfg.vocab_size)
+    return (18 * params_total + act + extra_bytes) / 1e9 + 1.5
 
 
 def finish_plan(plan, mem_gb_device):

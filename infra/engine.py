@@ -21,6 +21,9 @@ from tqdm import tqdm
 import env
 from infra import fast
 
+# The dtype of recorded routes (expert ids): one byte a route; model.GPTConfig refuses more experts.
+ROUTE_DTYPE = torch.uint8
+
 
 # ----------------------------------------------------------------------------------------------
 # The reference: generate
@@ -44,7 +47,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     prompts = as_prompt_lists(prompts)
     nl, k = model.n_moe_layers, model.config.top_k
     if not anything_to_generate(prompts, past, max_new_tokens):
-        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=torch.long)}
+        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=ROUTE_DTYPE)}
                                                    if return_routes else {})} for _ in prompts]
     b = prefill(model, prompts, past, max_new_tokens, model.config.n_layer)
     cache, B, padded = b.cache, len(prompts), not bool(b.valid.all())
@@ -78,13 +81,15 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
 
 
 def outputs(tokens, logprobs, n_out, pasts, routes, prompts, L):
-    """generate's per-prompt dicts from its (rows, steps) tensors, each row cut at its n_out."""
+    """generate's per-prompt dicts from its (rows, steps) tensors, each row cut at its n_out. Each
+    row's routes are a compact tensor of their own (route_dtype), never a view of the call's: a
+    view pickles its whole storage (RL's queue of groups travels between ranks by pickle)."""
     out = [{"tokens": tk[:n], "logprobs": lq[:n]}
            for tk, lq, n in zip(tokens.tolist(), logprobs.tolist(), n_out.tolist())]
     if routes is not None:
-        routes = routes.cpu()
+        routes = routes.to("cpu", ROUTE_DTYPE)
         for b, o in enumerate(out):   # the prompt's own columns (its left pads excluded) + tokens[:-1]
-            o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1]
+            o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1].clone()
     if pasts is not None:
         for o, p in zip(out, pasts):
             o["past"] = p

@@ -119,7 +119,7 @@ def generate_retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, 
     prompts = engine.as_prompt_lists(prompts)
     nl, k = model.n_moe_layers, model.config.top_k
     if not engine.anything_to_generate(prompts, past, max_new_tokens):
-        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=torch.long)}
+        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=engine.ROUTE_DTYPE)}
                                                    if return_routes else {})} for _ in prompts]
     b = engine.prefill(model, prompts, past, max_new_tokens, model.config.n_layer)
     cache, rows, L, U = b.cache, b.rows, b.L, len(b.lens)

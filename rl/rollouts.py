@@ -37,12 +37,12 @@ from data.tasks import generate_tasks
 
 def draw_tasks(ctx, need, stats):
     """The tasks of one sampling round when `need` of this rank's groups are missing: `need` tasks,
-    or with --dynamic-sampling a full --gen-batch of them (small refill batches generate slowly; the
-    groups left over wait in the queue). --prefilter K draws K x as many and keeps the likeliest to
-    give a mixed group (prefilter). Returns (tasks, stream keys)."""
+    or with --dynamic-sampling the rank's whole share of the batch (a refill of a few tasks would
+    generate slowly; the groups left over wait in the queue). Returns (tasks, stream keys)."""
     args = ctx.args
-    n = max(need, args.gen_batch // args.group_size) if args.dynamic_sampling else need
-    return prefilter(ctx, *next_tasks(ctx, n * args.prefilter), n, stats)
+    n = max(need, ctx.per_rank) if args.dynamic_sampling else need
+    tasks, keys = next_tasks(ctx, n * args.prefilter)
+    return prefilter(ctx, tasks, keys, n, stats)   # --prefilter K (this project's): keep the likeliest n
 
 
 def rewards(ctx, scored, stats):
@@ -217,7 +217,7 @@ def repair_roots(ctx, tasks, samples, results):
 def sampling_kw(ctx):
     """The sampler's arguments, the same for first attempts, episodes and repairs."""
     a = ctx.args
-    return dict(n=a.group_size, temperature=a.temperature, max_new_tokens=a.max_new_tokens, top_p=a.top_p,
+    return dict(n=a.group_size, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
                 batch_size=a.gen_batch, return_routes=ctx.replay)
 
 

@@ -42,7 +42,7 @@ def pool():
         yield p
 
 
-def test_generate_streams_is_generate_per_share():
+def test_two_streams_are_generate_retiring_per_share():
     """Two streams = generate() on each share of the rows with the share's own generator (seeded from
     the caller's), the rows of one prompt kept in one share, side by side in threads: same tokens,
     log-probs, routes and pasts (each call collects its own experts, so the threads do not mix
@@ -159,7 +159,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     model, tok, path = tiny
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", "smoke", "--device", "cpu", "--init-from",
                                                             path, "--out-dir", str(tmp_path), "--repair-groups",
-                                                            "--no-eval", "--group-size", "4"])
+                                                            "--eval-tasks", "0", "--group-size", "4"])
     ctx = train_rl.setup(args)
     assert ctx.rollout is rollouts.repair_groups        # chosen once, in setup
     ts = generate_tasks("train", 3, seed=0, difficulties=[1])
@@ -338,8 +338,8 @@ def test_train_rl_turns_trains_on_every_turn(tiny, tmp_path):
     not trained) reproduces the sampler's log-probs of every generated token (router replay,
     on-policy), and the summary carries the self-repair curve before and after."""
     out = str(tmp_path / "rl")
-    p = subprocess.run([sys.executable, "train_rl.py", "--preset", "smoke", "--device", "cpu", "--init-from", tiny[2],
-                        "--out-dir", out, "--turns", "2", "--len-penalty", "0.05", "--len-k", "0.1"],
+    p = subprocess.run([sys.executable, "tests/rl_main.py", '{"len_k": 0.1}', "--preset", "smoke", "--device", "cpu",
+                        "--init-from", tiny[2], "--out-dir", out, "--turns", "2", "--len-penalty", "0.05"],
                        cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])

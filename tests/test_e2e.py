@@ -1,4 +1,4 @@
-"""End to end: run.sh with the smoke presets (pretraining -> RL -> eval) in a temporary directory;
+"""End to end: run.sh with the smoke presets (pretrain -> mtp -> rl -> eval -> plots) in a temporary directory;
 every artefact must exist and every metric of every stage's summary must be finite."""
 import pytest
 import json
@@ -87,7 +87,7 @@ def test_run_sh_turns_builds_repair_data_and_runs_episodes(tmp_path):
     assert "--repair-frac 0.25" in stage["repair"]
     assert f"--init-from {out}/repair/ckpt.pt" in stage["rl1"] and "--turns 1" in stage["rl1"]
     assert f"--init-from {out}/rl1/ckpt.pt" in stage["rl"]
-    assert "--turns 1 --repair-groups --task-seed 2 --no-eval" in stage["rl"]
+    assert "--turns 1 --repair-groups --task-seed 2 --eval-tasks 0" in stage["rl"]
     assert f"--ckpt {out}/repair/ckpt.pt --ckpt {out}/rl1/ckpt.pt --ckpt {out}/rl/ckpt.pt" in stage["eval"]
     repair = json.loads((out / "repair.json").read_text())
     assert repair["data"]["tasks"]["docs"] > 0 and (out / "pretrain" / "ckpt.pt").is_file()

@@ -219,6 +219,7 @@ def test_nan_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, cac
     (["--data", "DIR", "--mix", "data=1"], "has no usable documents"),
     (["--source-mb", "-1"], "--source-mb must be >= 0"),
     (["--task-difficulties", "0-2"], "--task-difficulties: difficulties '0-2'"),
+    (["--expert-hidden", "100"], "use expert_hidden 104 (--expert-hidden)"),   # crashes grouped_mm on a GPU
 ])
 def test_clear_one_line_errors(tmp_path, cache, flags, message):
     empty = tmp_path / "empty"

@@ -359,11 +359,14 @@ def tiny_aux_ckpt(tmp_path_factory):
     return make_tiny_ckpt(tmp_path_factory.mktemp("rl-aux"), "aux")
 
 
-def run(args, nproc=1, timeout=120):
+def run(args, nproc=1, timeout=120, **settings):
+    """train_rl.py in processes of its own (torchrun for nproc > 1), with train_rl.FIXED settings
+    through tests/rl_main.py."""
     cmd = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                                "--master_port", str(29500 + os.getpid() % 1000)] if nproc > 1 else [])
     env_ = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd + ["train_rl.py", "--preset", "smoke", "--device", "cpu"] + args, cwd=ROOT,
+    fixed = json.dumps(settings)
+    p = subprocess.run(cmd + ["tests/rl_main.py", fixed, "--preset", "smoke", "--device", "cpu"] + args, cwd=ROOT,
                        capture_output=True, text=True, timeout=timeout, env=env_)
     return p
 
@@ -375,12 +378,12 @@ def metrics(out_dir):
 
 # A length penalty makes every group's rewards differ, so an untrained model (reward 0 everywhere)
 # still trains: these tests exercise the update path, not the learning.
-SIGNAL = ["--len-penalty", "0.05", "--len-k", "0.1"]
+SIGNAL, SIGNAL_K = ["--len-penalty", "0.05"], dict(len_k=0.1)
 
 
 def test_smoke_run_end_to_end(tiny_ckpt, tmp_path):
     out = str(tmp_path / "rl")
-    p = run(["--init-from", tiny_ckpt, "--out-dir", out] + SIGNAL)
+    p = run(["--init-from", tiny_ckpt, "--out-dir", out] + SIGNAL, **SIGNAL_K)
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])
     for k in ("pass@1_before", "pass@1_after", "pass@8_before", "pass@8_after"):
@@ -406,12 +409,13 @@ def test_smoke_run_end_to_end(tiny_ckpt, tmp_path):
 @pytest.mark.slow   # end to end: a run, stopped, resumed
 def test_resume_is_exact(tiny_ckpt, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--prefilter", "2"] + SIGNAL
-    p = run(base + ["--out-dir", a, "--steps", "3"])
+    base = ["--init-from", tiny_ckpt, "--eval-tasks", "0", "--prefilter", "2"] + SIGNAL
+    fixed = dict(SIGNAL_K, canary_every=0)
+    p = run(base + ["--out-dir", a, "--steps", "3"], **fixed)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = run(base + ["--out-dir", b, "--steps", "2"])
+    p = run(base + ["--out-dir", b, "--steps", "2"], **fixed)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = run(base + ["--out-dir", b, "--steps", "3", "--resume"])
+    p = run(base + ["--out-dir", b, "--steps", "3", "--resume"], **fixed)
     assert p.returncode == 0, p.stderr[-3000:]
     ra, rb = metrics(a), metrics(b)
     assert [r["step"] for r in rb] == [1, 2, 3] and all(r["prefilter_odds_kept"] >= 0 for r in ra + rb)
@@ -419,22 +423,22 @@ def test_resume_is_exact(tiny_ckpt, tmp_path):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9)
         assert x["reward"] == pytest.approx(y["reward"], rel=1e-6)
     # a fresh run (no --resume) into a used directory replaces the old run's log, as it does ckpt.pt
-    p = run(base + ["--out-dir", a, "--steps", "1"])
+    p = run(base + ["--out-dir", a, "--steps", "1"], **fixed)
     assert p.returncode == 0, p.stderr[-3000:]
     assert [r["step"] for r in metrics(a)] == [1]
 
 
 def test_dynamic_sampling_refills_zero_variance_groups(tiny_ckpt, tmp_path):
     # The untrained model fails every task, so without a length penalty every group is all-zero:
-    # dynamic sampling draws fresh tasks up to --ds-max-tries more times, then skips the update.
-    base = ["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--steps", "1"]
+    # dynamic sampling draws fresh tasks up to ds_max_tries more times, then skips the update.
+    base = ["--init-from", tiny_ckpt, "--eval-tasks", "0", "--steps", "1"]
     out = str(tmp_path / "ds")
-    p = run(base + ["--out-dir", out, "--dynamic-sampling", "--ds-max-tries", "2"])
+    p = run(base + ["--out-dir", out, "--dynamic-sampling"], ds_max_tries=2, canary_every=0)
     assert p.returncode == 0, p.stderr[-3000:]
     (r,) = metrics(out)
     assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
-    # every round samples a full generation batch (smoke: 64 rows / 4 samples = 16 tasks), not the 2 missing
-    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["stream_pos"] == [3 * 16]
+    # every round samples the rank's whole share (smoke: 2 tasks), whatever is missing
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["stream_pos"] == [3 * 2]
     # --no-dynamic-sampling never refills: one round, nothing to train on
     out = str(tmp_path / "no-ds")
     p = run(base + ["--out-dir", out, "--no-dynamic-sampling"])
@@ -463,17 +467,21 @@ def test_queue_resume_is_exact(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(env, "SandboxPool", CoinPool)
     monkeypatch.setattr(env, "extract_completion", lambda text: text)   # the raw samples differ, their cuts not
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0",
-            "--dynamic-sampling", "--batch-tasks", "3", "--gen-batch", "16", "--max-new-tokens", "12"]
-    train_rl.main(base + ["--out-dir", a, "--steps", "3"])
-    train_rl.main(base + ["--out-dir", b, "--steps", "2"])
-    queued = torch.load(os.path.join(b, "ckpt.pt"), weights_only=False)["queues"]
-    train_rl.main(base + ["--out-dir", b, "--steps", "3", "--resume"])
+    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--eval-tasks", "0",
+            "--dynamic-sampling", "--batch-tasks", "3", "--group-size", "2", "--max-new-tokens", "12"]
+    for seed in range(20):   # a seed whose step 2 leaves groups in the queue (a refill round found surplus)
+        train_rl.main(base + ["--out-dir", b, "--steps", "2", "--seed", str(seed)], canary_every=0)
+        queued = torch.load(os.path.join(b, "ckpt.pt"), weights_only=False)["queues"]
+        if queued[0]:
+            break
+    base += ["--seed", str(seed)]
+    train_rl.main(base + ["--out-dir", a, "--steps", "3"], canary_every=0)
+    train_rl.main(base + ["--out-dir", b, "--steps", "3", "--resume"], canary_every=0)
     ra, rb = metrics(a), metrics(b)
     assert [r["step"] for r in rb] == [1, 2, 3]
     assert len(queued[0]) > 0 and rb[2]["queued_groups"] == len(queued[0]), "the queue survived the checkpoint"
     for x, y in zip(ra, rb):
-        assert x["trained_seqs"] == y["trained_seqs"] == 3 * 4
+        assert x["trained_seqs"] == y["trained_seqs"] == 3 * 2
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9)
         assert x["reward"] == pytest.approx(y["reward"], rel=1e-6)
     # queued groups are one step stale: the PPO ratio is no longer 1 on them
@@ -493,7 +501,7 @@ def test_held_out_slices(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(train_rl, "generate_tasks", sliced)   # setup's task sets (the stream's refills: rollouts.py)
     out = str(tmp_path / "slices")
     s = train_rl.main(["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--out-dir", out, "--steps", "1",
-                       "--eval-tasks", "6", "--eval-seed", "3", "--canary-every", "0"])
+                       "--eval-tasks", "6"], eval_seed=3, canary_every=0)
     assert s["eval_seed"] == 3
     for when in ("before", "after"):
         for k in (1, 8):
@@ -511,8 +519,8 @@ def test_dynamic_sampling_ignores_length_shaping(tiny_ckpt, tmp_path):
     # A length penalty makes every group's shaped reward vary; dynamic sampling still filters on
     # correctness (DAPO), so all-fail groups are refilled, not trained on length noise.
     out = str(tmp_path / "ds-len")
-    p = run(["--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0", "--steps", "1", "--out-dir", out,
-             "--dynamic-sampling", "--ds-max-tries", "2"] + SIGNAL)
+    p = run(["--init-from", tiny_ckpt, "--eval-tasks", "0", "--steps", "1", "--out-dir", out,
+             "--dynamic-sampling"] + SIGNAL, ds_max_tries=2, canary_every=0, **SIGNAL_K)
     assert p.returncode == 0, p.stderr[-3000:]
     (r,) = metrics(out)
     assert r["rounds"] == 3 and r["zero_var_frac"] == 1.0 and r["trained_seqs"] == 0
@@ -524,10 +532,10 @@ def test_dynamic_sampling_ignores_length_shaping(tiny_ckpt, tmp_path):
 def test_kl_coef_folds_the_reference_kl_into_the_reward(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setattr(env, "SandboxPool", CoinPool)
     monkeypatch.setattr(env, "extract_completion", lambda text: text)
-    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--no-eval", "--canary-every", "0",
+    base = ["--preset", "smoke", "--device", "cpu", "--init-from", tiny_ckpt, "--eval-tasks", "0",
             "--steps", "3", "--lr", "1e-2"]
-    train_rl.main(base + ["--out-dir", str(tmp_path / "kl"), "--kl-coef", "0.5"])
-    train_rl.main(base + ["--out-dir", str(tmp_path / "no-kl")])
+    train_rl.main(base + ["--out-dir", str(tmp_path / "kl"), "--kl-coef", "0.5"], canary_every=0)
+    train_rl.main(base + ["--out-dir", str(tmp_path / "no-kl")], canary_every=0)
     kl, no_kl = metrics(str(tmp_path / "kl")), metrics(str(tmp_path / "no-kl"))
     assert "kl_ref" not in no_kl[0], "no reference model without --kl-coef"
     # step 1 samples from the reference itself: KL ~ 0, so the first update is the one without the term
@@ -545,12 +553,13 @@ def test_ddp_two_processes_equal_one(balance, tiny_ckpt, tiny_aux_ckpt, tmp_path
     # aux: the MoE aux loss scaled up until it is most of the gradient; its term used to be per rank,
     # so 2 processes had twice the aux gradient of 1
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    ckpt, extra = (tiny_ckpt, []) if balance == "bias" else (tiny_aux_ckpt, ["--moe-aux-scale", "100"])
-    base = ["--init-from", ckpt, "--no-eval", "--canary-every", "0", "--batch-tasks", "4",
-            "--group-size", "3", "--micro-batch", "4", "--sample-seeding", "task"] + SIGNAL + extra
-    p1 = run(base + ["--out-dir", one])
+    ckpt, fixed = (tiny_ckpt, {}) if balance == "bias" else (tiny_aux_ckpt, {"moe_aux_scale": 100})
+    fixed.update(SIGNAL_K, canary_every=0, sample_seeding="task")
+    base = ["--init-from", ckpt, "--eval-tasks", "0", "--batch-tasks", "4", "--group-size", "3",
+            "--micro-batch", "4"] + SIGNAL
+    p1 = run(base + ["--out-dir", one], **fixed)
     assert p1.returncode == 0, p1.stderr[-3000:]
-    p2 = run(base + ["--out-dir", two], nproc=2, timeout=170)
+    p2 = run(base + ["--out-dir", two], nproc=2, timeout=170, **fixed)
     assert p2.returncode == 0, p2.stderr[-3000:]
     r1, r2 = metrics(one), metrics(two)
     assert len(r1) == len(r2) == 2
@@ -571,19 +580,20 @@ def test_ddp_ppo_epochs_with_an_idle_rank_and_aux_loss(tiny_aux_ckpt, tmp_path):
     # rank trains and the other runs only padding forwards. That used to break --ppo-epochs 2 (ranks
     # reduced statistics of different lengths). The MoE aux term is scaled up until it dominates the
     # gradient: it used to grow with the number of ranks.
-    base = ["--init-from", tiny_aux_ckpt, "--no-eval", "--canary-every", "0", "--batch-tasks", "2",
-            "--group-size", "2", "--sample-seeding", "task", "--max-new-tokens", "8", "--steps", "1",
-            "--ppo-epochs", "2", "--no-dynamic-sampling", "--moe-aux-scale", "100"] + SIGNAL
+    base = ["--init-from", tiny_aux_ckpt, "--eval-tasks", "0", "--batch-tasks", "2",
+            "--group-size", "2", "--max-new-tokens", "8", "--steps", "1",
+            "--ppo-epochs", "2", "--no-dynamic-sampling"] + SIGNAL
+    fixed = dict(SIGNAL_K, canary_every=0, sample_seeding="task", moe_aux_scale=100)
     for seed in range(12):
         one = str(tmp_path / f"one{seed}")
-        p1 = run(base + ["--seed", str(seed), "--out-dir", one])
+        p1 = run(base + ["--seed", str(seed), "--out-dir", one], **fixed)
         assert p1.returncode == 0, p1.stderr[-3000:]
         (x,) = metrics(one)
         if x["trained_seqs"] == 2:      # one group of two kept
             break
     assert x["trained_seqs"] == 2, "no seed in 0..11 keeps exactly one group of two"
     two = str(tmp_path / "two")
-    p2 = run(base + ["--seed", str(seed), "--out-dir", two], nproc=2, timeout=170)
+    p2 = run(base + ["--seed", str(seed), "--out-dir", two], nproc=2, timeout=170, **fixed)
     assert p2.returncode == 0, p2.stderr[-3000:]
     (y,) = metrics(two)
     assert y["trained_seqs"] == 2, "the same group is kept under 2 processes: the other rank is idle"
@@ -595,9 +605,9 @@ def test_ddp_ppo_epochs_with_an_idle_rank_and_aux_loss(tiny_aux_ckpt, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Clear errors (in-process: each dies with a one-line message before doing any work)
 
-def fails(argv, capsys):
+def fails(argv, capsys, **settings):
     with pytest.raises(SystemExit) as e:
-        train_rl.main(["--preset", "smoke", "--device", "cpu"] + argv)
+        train_rl.main(["--preset", "smoke", "--device", "cpu"] + argv, **settings)
     assert e.value.code == 2
     return capsys.readouterr().err
 
@@ -607,9 +617,9 @@ def test_errors(tiny_ckpt, tmp_path, capsys):
     assert "no checkpoint at" in fails(["--init-from", str(tmp_path / "nope.pt")] + out, capsys)
     assert "--init-from CKPT is required" in fails(out, capsys)
     assert "--resume: no checkpoint" in fails(["--resume"] + out, capsys)
-    for extra in (["--turns", "2"], ["--sample-seeding", "task"]):
+    for extra, fixed in ((["--turns", "2"], {}), ([], {"sample_seeding": "task"})):
         assert "--repair-groups is for --turns 1" in fails(["--init-from", tiny_ckpt, "--repair-groups"] + extra + out,
-                                                            capsys)
+                                                            capsys, **fixed)
     err = fails(["--init-from", tiny_ckpt, "--difficulties", "99"] + out, capsys)
     assert err.startswith("error: --difficulties:") and "levels 1..5" in err
     # a checkpoint whose tokenizer has more tokens than the model's vocabulary
@@ -629,10 +639,72 @@ def test_ddp_held_out_eval_when_ranks_hold_different_slices(tiny_ckpt, tmp_path)
     # mismatch, or sums added under the wrong names).
     seed = next(s for s in range(50) if len({t.slice for t in generate_tasks("test", 2, seed=s)}) == 2)
     out = str(tmp_path / "two")
-    p = run(["--init-from", tiny_ckpt, "--canary-every", "0", "--batch-tasks", "2", "--group-size", "2",
-             "--steps", "1", "--eval-tasks", "2", "--eval-n", "2", "--eval-k", "2", "--eval-seed", str(seed),
-             "--out-dir", out], nproc=2, timeout=170)
+    p = run(["--init-from", tiny_ckpt, "--batch-tasks", "2", "--group-size", "2", "--steps", "1",
+             "--eval-tasks", "2", "--out-dir", out], nproc=2, timeout=170,
+            canary_every=0, eval_n=2, eval_k=2, eval_seed=seed)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     for key in ("pass@1_near_before", "pass@1_novel_before", "pass@2_near_after", "pass@2_novel_after"):
         assert summary[key] is not None and 0.0 <= summary[key] <= 1.0, key
+
+
+def _queue_and_save(rank, world, ckpt, out, sizes):
+    """One gloo rank of test_queued_routes_travel_compactly: a queue of real sampled groups (routes
+    recorded by the sampler), gathered and checkpointed by train_rl.save."""
+    import pickle
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    model, tok, _ = common.load_checkpoint(ckpt)
+    prompts = [[tok.eot_id, 5 + rank + i % 4] for i in range(16)]
+    outs = engine.generate(model, prompts, 24, temperature=1.0, return_routes=True,
+                           generator=torch.Generator().manual_seed(rank))
+    samples = [{"task_idx": i // 4, "group": i // 4, "prompt_ids": p, **o} for i, (p, o) in enumerate(zip(prompts, outs))]
+    scored = [(s, None) for s in samples]
+    queue = rollouts.signal_groups(scored, torch.zeros(16, dtype=torch.float64), torch.ones(16, dtype=torch.bool))
+    own = sum(s["routes"].numel() * s["routes"].element_size() for g in queue for s in g)
+    sizes[rank] = (len(pickle.dumps(queue)), own, queue[0][0]["routes"].dtype)
+    ctx = SimpleNamespace(state={"stream_pos": 0, "queue": queue, "step": 1, "totals": {}, "evals": {}, "hack_hist": []},
+                          world=world, ddp=True, master=rank == 0, model=model, tok=tok,
+                          optimizer=torch.optim.AdamW(model.parameters()), ckpt_path=os.path.join(out, "ckpt.pt"),
+                          args=SimpleNamespace(init_from=ckpt))
+    train_rl.save(ctx)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow   # two gloo processes
+def test_queued_routes_travel_compactly(tiny_ckpt, tmp_path):
+    """The queue of surplus groups goes between ranks through all_gather_object, which pickles, and
+    pickle writes the whole storage of a view once per view: routes that were views of the sampler's
+    (layers, rows, steps, top_k) int64 tensor made every sample carry all the call's routes (16x
+    their own bytes with 16 samples), gigabytes per checkpoint at the gpu preset. Each sample's
+    routes are one byte per expert id, in a storage of their own: the bytes gathered and the
+    checkpoint stay within a small factor of the routes' own."""
+    import torch.multiprocessing as mp
+    sizes = mp.Manager().dict()
+    mp.spawn(_queue_and_save, args=(2, tiny_ckpt, str(tmp_path), sizes), nprocs=2)
+    for rank in range(2):
+        pickled, own, dtype = sizes[rank]
+        assert dtype == torch.uint8 and pickled < 3 * own + 20_000, (pickled, own)
+    ck = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert len(ck["queues"]) == 2 and all(len(q) == 4 for q in ck["queues"])
+    weights = sum(t.numel() * t.element_size() for t in ck["model"].values())
+    routes = sum(sizes[r][1] for r in range(2))
+    assert os.path.getsize(tmp_path / "ckpt.pt") < 2 * weights + 3 * routes + 1_000_000
+
+
+@pytest.mark.slow   # torchrun: 1 + 2 + 4 processes
+def test_rounds_sample_the_ranks_share_at_any_world_size(tiny_ckpt, tmp_path):
+    """A dynamic-sampling round draws the rank's share of --batch-tasks, so the rows generated per
+    round and rank are B / W x G at any world size W. It drew max(need, --gen-batch / G) tasks per
+    rank, --gen-batch being per rank: on 8 GPUs each rank generated 512 rows a round and used 128.
+    The untrained model gives no group with signal, so every step runs all 1 + ds_max_tries rounds."""
+    for world in (1, 2, 4):
+        out = str(tmp_path / f"w{world}")
+        p = run(["--init-from", tiny_ckpt, "--eval-tasks", "0", "--steps", "1", "--batch-tasks", "4",
+                 "--group-size", "2", "--gen-batch", "64", "--dynamic-sampling", "--out-dir", out],
+                nproc=world, timeout=240, ds_max_tries=1, canary_every=0)
+        assert p.returncode == 0, p.stderr[-3000:]
+        (r,) = metrics(out)
+        assert r["rounds"] == 2
+        ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+        assert ck["stream_pos"] == [2 * 4 // world] * world      # 2 rounds x B / W tasks, x G = 2 rows each

@@ -1,5 +1,5 @@
-"""Multi-token prediction (model.py: MTP, train_mtp.py) and speculative sampling (infra/engine.py:
-generate_speculative), on tiny models, seconds each: python -m pytest tests/test_speculative.py -q -x"""
+"""Multi-token prediction (model.py: MTP, train_mtp.py) and speculative sampling (infra/speculative.py:
+generate), on tiny models, seconds each: python -m pytest tests/test_speculative.py -q -x"""
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -17,7 +17,7 @@ PROMPTS = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [5, 3, 9]]   
 
 
 def totals(stats):
-    """generate_speculative's counts (one dict per call) summed."""
+    """speculative.generate's counts (one dict per call) summed."""
     return {k: [sum(x) for x in zip(*(c[k] for c in stats))] if isinstance(stats[0][k], list)
             else sum(c[k] for c in stats) for k in stats[0]}
 
@@ -245,7 +245,7 @@ def test_accept_one_row_gives_each_position_the_model_distribution(monkeypatch):
 
 def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
     """corpus.mtp_agreement gives each level's top-1 agreement with the main head (what distill
-    reports on the same tokens); generate_streams takes generate_speculative where SPECULATIVE is set
+    reports on the same tokens); fast.generate takes speculative.generate where SPECULATIVE is set
     and the model has MTP modules."""
     idx = toy_batch(torch.Generator().manual_seed(9), B=4, T=64)
     agree = corpus.mtp_agreement(trained2, SimpleNamespace(eot_id=0), [idx.flatten().tolist()[1:]])
@@ -261,3 +261,33 @@ def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
     fast.generate(trained2, [[1, 2]], 4, temperature=0.8, return_routes=True)   # routes: plain generate
     fast.generate(tiny(0), [[1, 2]], 4, temperature=0.8)                          # no MTP: plain generate
     assert len(calls) == 1
+
+
+def test_mtp_agreement_runs_as_the_drafting_does(monkeypatch):
+    """corpus.mtp_agreement scores under common.autocast, as speculative decoding drafts (bf16 on a
+    GPU): measured in fp32 there it would take the math attention kernel and the syncing MoE path,
+    and score other numbers than the drafts'."""
+    from infra import common
+    seen, real = [], common.autocast
+    monkeypatch.setattr(common, "autocast", lambda device: seen.append(device.type) or real(device))
+    assert len(corpus.mtp_agreement(tiny(2), SimpleNamespace(eot_id=0), [list(range(1, 60))])) == 2
+    assert seen == ["cpu"]
+
+
+@pytest.mark.slow   # torchrun: two processes with torch
+def test_train_mtp_refuses_more_than_one_process(tmp_path):
+    """Under torchrun train_mtp.py used to run on every rank at once, each on the same device and
+    writing the same checkpoint. It runs in one process: more are refused with one line per rank,
+    before anything is loaded."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(29700 + os.getpid() % 200), "train_mtp.py", "--preset", "smoke",
+                        "--device", "cpu", "--init-from", str(tmp_path / "absent.pt"), "--out-dir", str(tmp_path)],
+                       cwd=root, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode != 0 and len(errors) == 2, p.stderr[-2000:]
+    assert all("runs in one process (torchrun started 2)" in ln for ln in errors)
+    assert not list(tmp_path.glob("*.pt"))
