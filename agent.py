@@ -46,14 +46,15 @@ PRESETS = {
 def user_task(text):
     """A Task from a signature + docstring typed by a user: its `>>>` examples are its tests."""
     text = text if text.endswith("\n") else text + "\n"
-    defs = [ln.split("def ", 1)[1].split("(")[0].strip() for ln in text.splitlines() if ln.lstrip().startswith("def ")]
+    defs = [ln.split("def ", 1)[1].split("(")[0].strip() for ln in text.splitlines()
+            if ln.lstrip().startswith("def ")]
     if not defs:
         raise ValueError("the prompt has no `def name(...):` line")
     task = Task("user/0", text, defs[-1])
     cases = env.visible_tests(task)
     if not cases:
-        raise ValueError(f"the docstring of {defs[-1]} has no `>>> {defs[-1]}(...)` example with its answer on the "
-                         f"next line: nothing to test against")
+        raise ValueError(f"the docstring of {defs[-1]} has no `>>> {defs[-1]}(...)` example with its answer "
+                         f"on the next line: nothing to test against")
     task.inputs, task.outputs = [a for a, _ in cases], [w for _, w in cases]
     return task
 
@@ -61,7 +62,8 @@ def user_task(text):
 def show(task, episode, out=sys.stdout):
     print(env.render_prompt(task), end="", file=out)
     for t, (x, r) in enumerate(zip(episode["turns"], episode["results"]), 1):
-        seen = {None: "", True: ", visible examples: pass", False: ", visible examples: fail"}[x.get("visible_passed")]
+        seen = {None: "", True: ", visible examples: pass",
+                False: ", visible examples: fail"}[x.get("visible_passed")]
         print(f"# --- attempt {t} (hidden tests: {r.outcome}{seen}) ---", file=out)
         print(x["text"] if x["text"].endswith("\n") else x["text"] + "\n", end="", file=out)
         if x["feedback"]:
@@ -79,7 +81,8 @@ def main(argv=None):
     p = common.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py, train_mtp.py or train_rl.py; only "
                    "train_mtp.py's has the MTP modules that speculative decoding needs), required")
-    p.add_argument("--prompt-file", default=None, help="your signature + docstring with >>> examples ('-' = stdin)")
+    p.add_argument("--prompt-file", default=None,
+                   help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")
     p.add_argument("--task-seed", type=int, default=0, help="held-out task seed")
     p.add_argument("--difficulties", default="1-2", help="held-out task levels, e.g. 1-2")
@@ -87,7 +90,8 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, help="tokens per attempt")
     p.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
     p.add_argument("--no-speculative", action="store_true", help="decode plainly even if the checkpoint has "
-                   "MTP modules (train_mtp.py); speculative decoding samples the same distribution (its speed: docs/speculative.md)")
+                   "MTP modules (train_mtp.py); speculative decoding samples the same distribution "
+                   "(its speed: docs/speculative.md)")
     args = common.parse_args(p, PRESETS, argv)
     if args.turns < 1 or args.max_new_tokens < 1:
         common.die("--turns and --max-new-tokens must be >= 1")
@@ -111,8 +115,8 @@ def main(argv=None):
     fast.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
     gen = torch.Generator(device=device).manual_seed(args.seed)
     with env.SandboxPool(workers=1) as pool:
-        ep = engine.run_episodes(model, tok, [task], 1, args.turns, pool, args.temperature, args.max_new_tokens,
-                          generator=gen)[0]
+        ep = engine.run_episodes(model, tok, [task], 1, args.turns, pool, args.temperature,
+                                 args.max_new_tokens, generator=gen)[0]
     show(task, ep)
     summary = {"task_id": task.task_id, "passed": ep["result"].passed, "turns": len(ep["turns"]),
                "outcomes": [r.outcome for r in ep["results"]], "ckpt": args.ckpt,
@@ -122,8 +126,8 @@ def main(argv=None):
     with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
         show(task, ep, out=f)
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-        json.dump({**summary, "prompt": env.render_prompt(task), "attempts": [x["text"] for x in ep["turns"]]}, f,
-                  indent=1)
+        json.dump({**summary, "prompt": env.render_prompt(task),
+                   "attempts": [x["text"] for x in ep["turns"]]}, f, indent=1)
     common.print_summary({**summary, "out_dir": args.out_dir})
 
 

@@ -300,11 +300,13 @@ class SandboxPool:
         self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
                                 "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
                                 "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
-                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(), "fallback": self._fallback,
-                                "namespaces": self._namespaces, "seccomp": self._seccomp})
+                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(),
+                                "fallback": self._fallback, "namespaces": self._namespaces,
+                                "seccomp": self._seccomp})
         self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
         self._procs = [self._spawn() for _ in range(self.workers)]
-        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(self.workers)]
+        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
+                         for i in range(self.workers)]
         for t in self._threads:
             t.start()
 
@@ -326,8 +328,10 @@ class SandboxPool:
         # What a container that forbids namespaces (root, no unshare) keeps by other means: the seccomp
         # filter closes network and IPC, _kill_uids does the PID namespace's work, chroot hides the
         # host's files (a private /tmp matters only without it).
-        kept = {"netns": i["seccomp"], "ipcns": i["seccomp"], "pidns": i["uid"] is not None, "private_tmp": i["chroot"]}
-        missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp", "tmpfs_per_run")
+        kept = {"netns": i["seccomp"], "ipcns": i["seccomp"], "pidns": i["uid"] is not None,
+                "private_tmp": i["chroot"]}
+        missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp",
+                               "tmpfs_per_run")
                    if not i[k] and not kept.get(k)]
         if missing and not _warned:
             _warned = True
@@ -335,9 +339,9 @@ class SandboxPool:
                 msg = (f"degraded isolation, unavailable: {missing}; candidates may see files"
                        f"{'' if i['seccomp'] else '/network/IPC'} of this user; run as root on Linux")
             else:
-                msg = ("namespaces forbidden here: network and IPC closed by seccomp, stray processes killed by uid, "
-                       "files hidden by chroot, but a run's files are not size-capped in total (no per-run tmpfs); "
-                       "allow unshare (e.g. docker --cap-add SYS_ADMIN) for the full set")
+                msg = ("namespaces forbidden here: network and IPC closed by seccomp, stray processes killed "
+                       "by uid, files hidden by chroot, but a run's files are not size-capped in total "
+                       "(no per-run tmpfs); allow unshare (e.g. docker --cap-add SYS_ADMIN) for the full set")
             warnings.warn("sandbox: " + msg, RuntimeWarning)
         return p
 
@@ -404,7 +408,8 @@ class SandboxPool:
     def _score(self, task, rep, fractional):
         n = len(task.inputs) if task.inputs is not None else 1
         def res(outcome, passed, feedback):
-            reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error" else 0.0)
+            reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error"
+                                                    else 0.0)
             return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n)
         if "error" in rep:
             return res("sandbox_error", 0, rep["error"])

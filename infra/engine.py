@@ -60,19 +60,20 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     done = torch.zeros(B, dtype=torch.bool, device=logits.device)
     tokens, logprobs = [], []
     for t in range(max_new_tokens):
-        tok, lp = sample(logits, temperature, top_k, top_p, generator)
-        tokens.append(tok)
+        token, lp = sample(logits, temperature, top_k, top_p, generator)
+        tokens.append(token)
         logprobs.append(lp)
-        hit = torch.isin(tok, stop) & ~done
+        hit = torch.isin(token, stop) & ~done
         n_out, done = torch.where(hit, t + 1, n_out), done | hit
         if t == max_new_tokens - 1 or bool(done.all()):
             break
         mask = valid[:, None, None, :cache.pos + 1] if padded else None     # left pads are never seen
-        h, chosen = model.trunk(tok[:, None], pos[:, None], cache, mask)
+        h, chosen = model.trunk(token[:, None], pos[:, None], cache, mask)
         cache.pos, pos = cache.pos + 1, pos + 1
         logits = model.lm_head(h[:, -1]).float()
         routes += [torch.stack([c.view(B, 1, k) for c in chosen])] if nl else []
-    pasts = [cache.take(r, valid[r, :cache.pos].nonzero().squeeze(1)[:int(b.n_past[b.which[r]]) + len(p) + n - 1])
+    pasts = [cache.take(r, valid[r, :cache.pos].nonzero().squeeze(1)[:int(b.n_past[b.which[r]])
+                                                                      + len(p) + n - 1])
              for r, (p, n) in enumerate(zip(prompts, n_out.tolist()))] if return_past else None
     if return_routes:
         routes = torch.cat(routes, 2) if nl else torch.zeros(0, B, b.L + len(tokens) - 1, k, dtype=torch.long)
@@ -129,11 +130,13 @@ class KVCache:
             self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
         for b, p in enumerate(past):
             for i in range(min(n_layer, len(self.k))):
-                self.k[i][b, :, end - p.size(3):end], self.v[i][b, :, end - p.size(3):end] = p[i, 0], p[i, 1]
+                cols = slice(end - p.size(3), end)
+                self.k[i][b, :, cols], self.v[i][b, :, cols] = p[i, 0], p[i, 1]
         self.pos = end
 
     def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
-        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]]) for k, v in zip(self.k, self.v)])
+        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]])
+                            for k, v in zip(self.k, self.v)])
 
 
 def as_prompt_lists(prompts):
@@ -141,13 +144,14 @@ def as_prompt_lists(prompts):
     or a (B, T) integer tensor."""
     if torch.is_tensor(prompts):
         if prompts.dim() != 2 or prompts.is_floating_point():
-            raise ValueError(f"generate: prompts must be a (B, T) integer tensor or a list of token-id lists, "
-                             f"got a {prompts.dtype} tensor of shape {tuple(prompts.shape)}")
+            raise ValueError(f"generate: prompts must be a (B, T) integer tensor or a list of token-id "
+                             f"lists, got a {prompts.dtype} tensor of shape {tuple(prompts.shape)}")
         return prompts.tolist()
     try:
         return [p.tolist() if torch.is_tensor(p) else [int(t) for t in p] for p in prompts]
     except (TypeError, ValueError):
-        raise ValueError("generate: prompts must be a (B, T) integer tensor or a list of token-id lists") from None
+        raise ValueError("generate: prompts must be a (B, T) integer tensor "
+                         "or a list of token-id lists") from None
 
 
 def anything_to_generate(prompts, past, max_new_tokens):
@@ -189,7 +193,8 @@ def prefill(model, prompts, past, room, n_layers):
     mask = None
     if A:
         cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
-    if not bool(valid.all()) or A:   # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
+    # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
+    if not bool(valid.all()) or A:
         mask = attention_mask(valid, A, L)
     pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
     h, chosen = model.trunk(idx, pos, cache, mask)
@@ -227,30 +232,32 @@ def draw(probs, generator=None, no_sync=False):
     per row and a binary search (right=True never lands on a zero-probability token).
     torch.multinomial draws V exponentials per row: it was the single biggest cost of CPU generation."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.size(0), 1, generator=generator, device=generator.device if generator else probs.device)
-    tok = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
-    over = tok >= probs.size(-1)     # float rounding at the very top of the cdf: rare
+    u = torch.rand(probs.size(0), 1, generator=generator,
+                   device=generator.device if generator else probs.device)
+    token = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
+    over = token >= probs.size(-1)     # float rounding at the very top of the cdf: rare
     if no_sync or over.any():   # no_sync: no host read (a GPU speed path); on CPU the check is cheaper
-        tok = torch.where(over, probs.argmax(-1), tok)
-    return tok
+        token = torch.where(over, probs.argmax(-1), token)
+    return token
 
 
 def sample(logits, temperature, top_k, top_p, generator=None, no_sync=False):
     """logits (B, V) fp32 -> (token, logprob of that token under softmax(logits / T), pre-filtering).
     no_sync: never read the device from the host (infra/fast.py's sync-free decoding)."""
     if temperature == 0:
-        tok = logits.argmax(-1)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+        token = logits.argmax(-1)
+        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
     logp, probs = distribution(logits, temperature, top_k, top_p)
-    tok = draw(probs, generator, no_sync)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    token = draw(probs, generator, no_sync)
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------
 # Samples and episodes: what RL, eval and the interactive command draw
 
 def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
-                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None, prompts=None):
+                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None,
+                       prompts=None):
     """n samples per task, rows ordered task by task (the n samples of task i are contiguous, the
     group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
     conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
@@ -322,7 +329,8 @@ def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
                 hidden = pool.submit_batch([tasks[x["task_idx"]] for x in samples],
                                            [x["completion"] for x in samples], fractional)
                 check = [(j, x) for j, x in zip(live, samples) if more and visible[x["task_idx"]] is not None]
-                seen = pool.run_batch([visible[x["task_idx"]] for _, x in check], [x["completion"] for _, x in check])
+                seen = pool.run_batch([visible[x["task_idx"]] for _, x in check],
+                                      [x["completion"] for _, x in check])
                 seen = {j: r for (j, _), r in zip(check, seen)}
                 old, feeds, pasts = {j: x.pop("past", None) for j, x in zip(live, samples)}, {}, {}
                 for j, x, r in zip(live, samples, hidden.result()):
@@ -352,20 +360,20 @@ def encode_prompts(model, tok, tasks, max_new_tokens):
     HumanEval's imports and helpers come first), but never less than half the context: past seq_len,
     RoPE positions the model never trained on cost less than a prompt cut to nothing. Rare with the
     env tasks; flagged per sample."""
-    keep = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
+    max_prompt = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
     full = [tok.encode(env.render_prompt(t)) for t in tasks]
-    return [p[-keep:] for p in full], [len(p) > keep for p in full]
+    return [p[-max_prompt:] for p in full], [len(p) > max_prompt for p in full]
 
 
 def as_sample(tok, g, task_idx, prompt_ids, prompt_truncated=False):
     """One generate() output -> the sample dict (see sample_completions)."""
-    toks = list(g["tokens"])
+    tokens = list(g["tokens"])
     # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no text: they
     # are dropped from the decoded text, not an error
-    text = tok.decode([t for t in toks if t < tok.eot_id])
-    d = {"task_idx": task_idx, "prompt_ids": prompt_ids, "tokens": toks, "logprobs": list(g["logprobs"]),
-         "text": text, "completion": env.extract_completion(text), "stopped": bool(toks) and toks[-1] == tok.eot_id,
-         "prompt_truncated": prompt_truncated}
+    text = tok.decode([t for t in tokens if t < tok.eot_id])
+    d = {"task_idx": task_idx, "prompt_ids": prompt_ids, "tokens": tokens, "logprobs": list(g["logprobs"]),
+         "text": text, "completion": env.extract_completion(text),
+         "stopped": bool(tokens) and tokens[-1] == tok.eot_id, "prompt_truncated": prompt_truncated}
     for key in ("routes", "past"):
         if key in g:
             d[key] = g[key]

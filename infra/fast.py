@@ -33,10 +33,11 @@ SPECULATIVE = False
 # Host reads in the decode loop. On a GPU every read of a device value (.item(), bool(.any()), a
 # shape that depends on data) waits for the queued kernels, so a loop that reads once per token runs
 # at the speed of its round trips, not of the GPU. SYNC_FREE decodes without them: finished rows
-# are a device mask that generate_retiring reads every DONE_EVERY tokens (to stop, or to retire rows), sampling
-# never asks the host, and the MoE sizes its expert groups on the device (model.MoE.experts). None:
-# on GPU only. On CPU a read is free and retiring finished rows at once saves compute, so CPU decoding
-# reads every token, as it always did (same samples: the rows a step draws for depend on retiring).
+# are a device mask that generate_retiring reads every DONE_EVERY tokens (to stop, or to retire
+# rows), sampling never asks the host, and the MoE sizes its expert groups on the device
+# (model.MoE.experts). None: on GPU only. On CPU a read is free and retiring finished rows at once
+# saves compute, so CPU decoding reads every token, as it always did (same samples: the rows a step
+# draws for depend on retiring).
 SYNC_FREE = None
 DONE_EVERY = 16
 
@@ -59,9 +60,10 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     for each op costs more than it gives), but each op releases the GIL, so two independent batches
     decode side by side (bench.py generation). Rows of one prompt stay in one share (its prefill is
     shared). The samples depend on the number of streams, as they depend on the batch; each row's
-    distribution does not. One stream (generate_retiring with the caller's generator) on GPU and under 16 rows per stream. With SPECULATIVE set and a model
-    with MTP modules, each share runs speculative.generate instead (unless routes are asked for).
-    On GPU under bf16 autocast (common.autocast; model.py keeps the router in fp32), as training runs."""
+    distribution does not. One stream (generate_retiring with the caller's generator) on GPU and
+    under 16 rows per stream. With SPECULATIVE set and a model with MTP modules, each share runs
+    speculative.generate instead (unless routes are asked for). On GPU under bf16 autocast
+    (common.autocast; model.py keeps the router in fp32), as training runs."""
     prompts = engine.as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
     fn = generate_retiring
@@ -71,7 +73,8 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
         kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
     streams = max(1, min(STREAMS if streams is None else streams, n // 16))
     if not cpu or THREADS != 1:
-        streams = 1   # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
+        # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
+        streams = 1
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
@@ -91,21 +94,22 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
 # ----------------------------------------------------------------------------------------------
 # Retiring finished rows; sync-free on a GPU
 
-def retire(done, cache, keep_past, *rows):
+def retire(done, cache, save_past, *rows):
     """Drop the finished rows from the batch and the cache, so they stop costing compute (in bulk, once
-    enough are done, to amortise the copy): keep_past(j) saves row j's keys/values first (multi-turn
+    enough are done, to amortise the copy): save_past(j) saves row j's keys/values first (multi-turn
     pasts; None: not kept). Returns each of `rows` (tensors, batch first) without the finished rows."""
-    if keep_past is not None:
+    if save_past is not None:
         for j in done.nonzero().squeeze(1).tolist():
-            keep_past(j)
-    keep = (~done).nonzero().squeeze(1)
-    cache.select(keep)
-    return [x[keep] for x in rows]
+            save_past(j)
+    unfinished = (~done).nonzero().squeeze(1)
+    cache.select(unfinished)
+    return [x[unfinished] for x in rows]
 
 
 @torch.no_grad()
 def generate_retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
-                      generator=None, return_routes=False, past=None, return_past=False, trunk=None) -> list[dict]:
+                      generator=None, return_routes=False, past=None, return_past=False,
+                      trunk=None) -> list[dict]:
     """engine.generate's samples with the finished rows retired: the same arguments and outputs (and
     the same tokens until a row retires: tests/test_generate.py), plus trunk, the function each
     decode step calls instead of model.trunk (compiled_trunk; the prefill always runs model.trunk).
@@ -139,22 +143,23 @@ def generate_retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, 
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     logprobs = torch.zeros(B, max_new_tokens, device=dev)
     n_out = torch.full((B,), max_new_tokens, device=dev)
-    routes = torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev) if return_routes else None
+    routes = (torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev)
+              if return_routes else None)
     if return_routes and nl:
         routes[:, :, :L] = torch.stack([c.view(U, L, k) for c in b.chosen])[:, rows]
     stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
     alive = torch.arange(B, device=dev)                 # original row id of each batch row
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     pasts = [None] * B
-    def keep_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
+    def save_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
         r = int(alive[j])
         n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
         pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
     trunk = trunk or model.trunk
     for t in range(max_new_tokens):
-        tok, lp = engine.sample(logits, temperature, top_k, top_p, generator, sync_free(dev))
-        tokens[alive, t], logprobs[alive, t] = tok, lp
-        hit = (tok[:, None] == stop).any(-1) & ~done
+        token, lp = engine.sample(logits, temperature, top_k, top_p, generator, sync_free(dev))
+        tokens[alive, t], logprobs[alive, t] = token, lp
+        hit = (token[:, None] == stop).any(-1) & ~done
         n_out[alive] = torch.where(hit, t + 1, n_out[alive])
         done |= hit
         if t == max_new_tokens - 1:
@@ -163,10 +168,10 @@ def generate_retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, 
         if n_done == len(alive):
             break
         if n_done and 8 * n_done >= len(alive):   # retire finished rows
-            tok, valid, pos, alive, done = retire(done, cache, keep_past if return_past else None,
-                                                  tok, valid, pos, alive, done)
+            token, valid, pos, alive, done = retire(done, cache, save_past if return_past else None,
+                                                    token, valid, pos, alive, done)
         mask = valid[:, None, None, :cache.pos + 1] if padded else None
-        h, chosen = trunk(tok[:, None], pos[:, None], cache, mask)
+        h, chosen = trunk(token[:, None], pos[:, None], cache, mask)
         cache.pos += 1
         logits = model.lm_head(h[:, -1]).float()
         pos += 1
@@ -174,7 +179,7 @@ def generate_retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, 
             routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
     if return_past:
         for j in range(len(alive)):
-            keep_past(j)
+            save_past(j)
     return engine.outputs(tokens, logprobs, n_out, pasts if return_past else None, routes, prompts, L)
 
 
@@ -216,7 +221,8 @@ def compiled_trunk(model):
             except Exception as e:
                 # The failed call wrote at most this step's cache column, which the eager call writes
                 # again (generate_retiring moves cache.pos after the call).
-                warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly ({type(e).__name__}: {e})"[:300])
+                warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly "
+                              f"({type(e).__name__}: {e})"[:300])
                 _COMPILED["trunk"] = False
         return model.trunk(idx, pos, cache, mask)
     return trunk

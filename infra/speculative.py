@@ -12,7 +12,7 @@ from infra import engine, fast
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
-                         generator=None, past=None, return_past=False, stats=None) -> list[dict]:
+             generator=None, past=None, return_past=False, stats=None) -> list[dict]:
     """engine.generate's samples, several tokens per trunk forward: speculative sampling (Leviathan et al.
     2023; Chen et al. 2023) with the model's n_mtp MTP modules (DeepSeek-V3) as the drafter. Each
     step, the MTP levels draft n_mtp tokens (draft), one trunk forward scores the last token and every
@@ -42,9 +42,10 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     # the MTP levels read the prompt and the first token; pads read as zeros (training's "before the start")
     real = valid[:, A:A + L + D]
     h = b.h[rows].masked_fill(~real[:, :L, None], 0)
-    drafts, q, carry = draft(model, cache, A, [h.new_zeros(B, 1, h.size(-1))] * D, h, torch.cat([b.idx[rows], new], 1),
-                             torch.cat([b.pos[rows], pos[:, None] + ahead[:D]], 1), valid, temperature, top_k, top_p,
-                             generator, real)
+    drafts, q, carry = draft(model, cache, A, [h.new_zeros(B, 1, h.size(-1))] * D, h,
+                             torch.cat([b.idx[rows], new], 1),
+                             torch.cat([b.pos[rows], pos[:, None] + ahead[:D]], 1), valid,
+                             temperature, top_k, top_p, generator, real)
     cache.pos = A + L
     counts = count(None, D, 1) if stats is not None else None
     width = max_new_tokens + D + 1          # a step may pass max_new_tokens; n_out cuts it
@@ -55,7 +56,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     alive = torch.arange(B, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     pasts, t = [None] * B, 0
-    def keep_past(j):   # as in fast.generate_retiring
+    def save_past(j):   # as in fast.generate_retiring
         r = int(alive[j])
         n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
         pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
@@ -71,14 +72,15 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         if n_done == len(alive):
             break
         if 8 * n_done >= len(alive):   # retire finished rows
-            keep = ~done
-            new, drafts, valid, pos, alive, done, *carry = fast.retire(done, cache, keep_past if return_past else None,
-                                                                  new, drafts, valid, pos, alive, done, *carry)
-            q = q[keep.nonzero().squeeze(1)] if q is not None else None
+            unfinished = ~done
+            new, drafts, valid, pos, alive, done, *carry = fast.retire(
+                done, cache, save_past if return_past else None, new, drafts, valid, pos, alive, done, *carry)
+            q = q[unfinished.nonzero().squeeze(1)] if q is not None else None
         # one trunk forward checks the drafts: the last token, then the drafts, from the pointer on
         at, x = cache.pos, torch.cat([new[:, -1:], drafts], 1)
         h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, engine.attention_mask(valid, at, D + 1))
-        new, lp, run = accept(model.lm_head(h).float(), drafts, q, temperature, top_k, top_p, generator, ~done)
+        new, lp, run = accept(model.lm_head(h).float(), drafts, q, temperature, top_k, top_p, generator,
+                              ~done)
         s = new.size(1)
         if counts is not None:
             count(counts, D, s, run[~done])
@@ -87,7 +89,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         cache.pos, pos = at + s, pos + s   # the rollback: columns of rejected drafts are written again
     if return_past:
         for j in range(len(alive)):
-            keep_past(j)
+            save_past(j)
     if stats is not None:
         stats.append(counts)
     return engine.outputs(tokens, logprobs, n_out, pasts if return_past else None, None, prompts, L)
@@ -106,11 +108,11 @@ def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, to
     s, D = h.size(1), len(model.mtp)
     cos, sin = model.rope(pos)
     mask = engine.attention_mask(valid, at, s + D)
-    prev, toks, carry_out, drafts, qs = torch.cat([carry[0], h], 1), tokens, [h[:, -1:]], [], []
+    prev, fed, carry_out, drafts, qs = torch.cat([carry[0], h], 1), tokens, [h[:, -1:]], [], []
     for m, mod in enumerate(model.mtp):
         n = s + 1 + m
         cache.pos = at
-        out = mod(prev, model.wte(toks), cos[:, :, :n], sin[:, :, :n], cache, mask[:, :, :n, :at + n])
+        out = mod(prev, model.wte(fed), cos[:, :, :n], sin[:, :, :n], cache, mask[:, :, :n, :at + n])
         if real is not None:
             out = out.masked_fill(~real[:, :n, None], 0)
         logits = model.lm_head(mod.norm(out[:, -1])).float()
@@ -119,7 +121,7 @@ def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, to
         qs.append(q)
         if m + 1 < D:
             carry_out.append(out[:, s - 1:s])
-            prev, toks = torch.cat([carry[m + 1], out], 1), torch.cat([toks, drafts[-1][:, None]], 1)
+            prev, fed = torch.cat([carry[m + 1], out], 1), torch.cat([fed, drafts[-1][:, None]], 1)
     return torch.stack(drafts, 1), None if temperature == 0 else torch.stack(qs, 1), carry_out
 
 
@@ -138,10 +140,12 @@ def accept(logits, drafts, q, temperature, top_k, top_p, generator, live):
         logp, best = logits.log_softmax(-1), logits.argmax(-1)
         kept = drafts == best[:, :-1]
     else:
-        logp, p = (x.view(B, T, V) for x in engine.distribution(logits.view(B * T, V), temperature, top_k, top_p))
+        logp, p = (x.view(B, T, V)
+                   for x in engine.distribution(logits.view(B * T, V), temperature, top_k, top_p))
         u = torch.rand(B, T - 1, generator=generator, device=generator.device if generator else logits.device)
         pick = drafts[..., None]
-        kept = u.to(logits.device) < keep_probability(p[:, :-1].gather(-1, pick)[..., 0], q.gather(-1, pick)[..., 0])
+        kept = u.to(logits.device) < keep_probability(p[:, :-1].gather(-1, pick)[..., 0],
+                                                      q.gather(-1, pick)[..., 0])
     run = kept.int().cumprod(1).sum(1)
     a = int(run[live].min())
     if temperature == 0:
@@ -149,8 +153,8 @@ def accept(logits, drafts, q, temperature, top_k, top_p, generator, live):
     else:
         fix = engine.draw(p[:, a] if a == T - 1 else (p[:, a] - q[:, a]).clamp_min(0), generator)
     last = torch.where(run > a, drafts[:, a], fix) if a < T - 1 else fix
-    toks = torch.cat([drafts[:, :a], last[:, None]], 1)
-    return toks, logp[:, :a + 1].gather(-1, toks[..., None])[..., 0], run
+    tokens = torch.cat([drafts[:, :a], last[:, None]], 1)
+    return tokens, logp[:, :a + 1].gather(-1, tokens[..., None])[..., 0], run
 
 
 def keep_probability(p, q):
@@ -160,10 +164,11 @@ def keep_probability(p, q):
 
 
 def count(counts, D, advanced, run=None):
-    """Adds one trunk forward to a call's counts (None: new counts): forwards, the tokens they moved the rows by
-    (advanced), and per draft position j the live rows whose drafts before j were all kept (reached)
-    and those that kept draft j too (kept; kept / reached is the acceptance at position j)."""
-    counts = counts if counts is not None else {"forwards": 0, "advanced": 0, "reached": [0] * D, "kept": [0] * D}
+    """Adds one trunk forward to a call's counts (None: new counts): forwards, the tokens they moved the
+    rows by (advanced), and per draft position j the live rows whose drafts before j were all kept
+    (reached) and those that kept draft j too (kept; kept / reached is the acceptance at position j)."""
+    counts = counts if counts is not None else {"forwards": 0, "advanced": 0, "reached": [0] * D,
+                                                "kept": [0] * D}
     counts["forwards"] += 1
     counts["advanced"] += advanced
     if run is not None:

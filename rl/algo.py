@@ -117,14 +117,14 @@ def flatten(s):
     """A sample or episode -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1], the
     column whose prediction is each generated token, the generated tokens, their logprobs). Feedback
     tokens are fed, never targets: the loss covers only what the model wrote, in every turn."""
-    ids, cols, toks, lps = [], [], [], []
+    ids, cols, tokens, lps = [], [], [], []
     for t in turns_of(s):
         start = len(ids) + len(t["prompt_ids"]) - 1
         ids += t["prompt_ids"] + t["tokens"][:-1]
         cols += range(start, start + len(t["tokens"]))
-        toks += t["tokens"]
+        tokens += t["tokens"]
         lps += t["logprobs"]
-    return ids, cols, toks, lps
+    return ids, cols, tokens, lps
 
 
 def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
@@ -139,9 +139,9 @@ def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
     old = torch.zeros(B, T)
     valid = torch.zeros(B, T, dtype=torch.bool)
     routes = torch.zeros(n_moe_layers, B, T, top_k, dtype=torch.long) if with_routes else None
-    for i, (s, (ids, cols, toks, lps)) in enumerate(zip(samples, flat)):
+    for i, (s, (ids, cols, tokens, lps)) in enumerate(zip(samples, flat)):
         idx[i, :len(ids)] = torch.tensor(ids)
-        tgt[i, cols] = torch.tensor(toks)
+        tgt[i, cols] = torch.tensor(tokens)
         old[i, cols] = torch.tensor(lps)
         valid[i, :len(ids)] = True
         if with_routes:   # padding keeps expert 0: it is computed but, not being valid, never counted
@@ -259,7 +259,8 @@ def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, s
     picked = logp_all.gather(-1, tgt[m][:, None]).squeeze(-1)
     logp = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, picked)
     with torch.no_grad():
-        entropy = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, -(logp_all.exp() * logp_all).sum(-1))
+        entropy = torch.zeros(tgt.shape, device=idx.device).masked_scatter(
+            m, -(logp_all.exp() * logp_all).sum(-1))
     return logp, entropy
 
 

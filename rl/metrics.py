@@ -54,8 +54,9 @@ def record(ctx, step, stats, pbar):
     ntok, nsc, last = max(s["tokens_e0"], 1), max(s["n_scored"], 1), args.ppo_epochs - 1
     # None where the step sampled nothing (--repair-groups: a step of queued groups alone)
     per = lambda k, n: s[k] / s[n] if s[n] else None
-    rec = {"step": step + 1, "lr": stats["lr"], "loss": s["loss_e0"], "reward": per("reward_sum", "n_scored"),
-           "pass_rate": per("passes", "n_scored"), "zero_var_frac": s["zero_var_groups"] / max(s["groups"], 1),
+    rec = {"step": step + 1, "lr": stats["lr"], "loss": s["loss_e0"],
+           "reward": per("reward_sum", "n_scored"), "pass_rate": per("passes", "n_scored"),
+           "zero_var_frac": s["zero_var_groups"] / max(s["groups"], 1),
            "trained_seqs": stats["trained_seqs"], "len_mean": s["len_sum"] / max(s["len_n"], 1),
            "len_max": s["len_max"], "entropy": s["entropy_e0"] / ntok, "kl_old": s["kl_old_e0"] / ntok,
            "logp_mismatch": s["mismatch_e0"] / ntok, "clip_frac": s["clip_e0"] / ntok,
@@ -67,14 +68,16 @@ def record(ctx, step, stats, pbar):
         rec.update(kl_old_last=s[f"kl_old_e{last}"] / max(s[f"tokens_e{last}"], 1),
                    clip_frac_last=s[f"clip_e{last}"] / max(s[f"tokens_e{last}"], 1))
     if args.prefilter > 1:
-        rec.update(prefilter_s=s["prefilter_s"], prefilter_odds_kept=s["prefilter_kept"] / max(s["prefilter_n"], 1),
+        rec.update(prefilter_s=s["prefilter_s"],
+                   prefilter_odds_kept=s["prefilter_kept"] / max(s["prefilter_n"], 1),
                    prefilter_odds_all=s["prefilter_all"] / max(s["prefilter_n"], 1))
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
     if args.repair_groups:   # failed attempts branched; the pass and resubmission rates of their repairs
         rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"),
                    repair_repeat_rate=per("repair_repeats", "repair_n"))
-    rec.update({k: int(x) for k, x in s.items() if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})
+    rec.update({k: int(x) for k, x in s.items()
+                if k.startswith(("outcome/", "hack/", "groups/d", "signal/d"))})
     rec.update({k: x for k, x in stats["moe"].items() if not k.startswith("moe/l") or "tokens_e" not in k})
     for k in ("gen_s", "sandbox_s", "train_s"):
         ctx.state["totals"][k] += rec[k]
@@ -84,7 +87,8 @@ def record(ctx, step, stats, pbar):
     hist.append(sum(x for k, x in rec.items() if k.startswith("hack/")) / max(s["len_n"], 1))
     base = sum(hist[:5]) / len(hist[:5])
     if ctx.master and (rec["canary_passes"] > 0 or (len(hist) > 5 and hist[-1] > max(2 * base, 0.05))):
-        tqdm.write(f"warning: possible reward hacking at step {step + 1}: canary passes {int(rec['canary_passes'])}, "
+        tqdm.write(f"warning: possible reward hacking at step {step + 1}: "
+                   f"canary passes {int(rec['canary_passes'])}, "
                    f"suspicious constructs/completion {hist[-1]:.3f} (early {base:.3f}); "
                    f"see hack/* in {ctx.metrics_path}")
     if ctx.master:
@@ -111,5 +115,6 @@ def summarize_run(ctx):
     return {**out, "eval_seed": args.eval_seed, "steps": ctx.state["step"],
             "wall_s": round(time.time() - ctx.t_start, 1),
             "time_split": {x: round(y, 1) for x, y in ctx.state["totals"].items()},
-            "curve": {tag: round(e["pass@1"], 4) if "pass@1" in e else None for tag, e in evals.items()},  # strict JSON
+            # strict JSON: None, not NaN, for an eval without pass@1
+            "curve": {tag: round(e["pass@1"], 4) if "pass@1" in e else None for tag, e in evals.items()},
             "ckpt": ctx.ckpt_path, "out_dir": args.out_dir, "metrics": ctx.metrics_path}

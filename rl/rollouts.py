@@ -102,7 +102,8 @@ def signal_groups(scored, adv, keep):
         if k:
             part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
                 {x: s.get(x) for x in needed}
-            groups.setdefault((s["task_idx"], bool(s.get("repair")), s["group"]), []).append({**part, "adv": a})
+            key = (s["task_idx"], bool(s.get("repair")), s["group"])
+            groups.setdefault(key, []).append({**part, "adv": a})
     return [groups[g] for g in sorted(groups)]
 
 
@@ -120,11 +121,11 @@ def single_turn(ctx, tasks, keys, seed, stats):
         futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in batch],
                                              [s["completion"] for s in batch], fractional=args.fractional))
     kw = sampling_kw(ctx)
-    if args.sample_seeding == "task":      # one RNG per stream index: samples do not depend on the rank layout
+    if args.sample_seeding == "task":      # one RNG per stream index: samples independent of the rank layout
         samples = []
         for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = engine.sample_completions(ctx.model, ctx.tok, [task], generator=rng(ctx, Seed(task=key, part="task")),
-                                             **kw)
+            part = engine.sample_completions(ctx.model, ctx.tok, [task],
+                                             generator=rng(ctx, Seed(task=key, part="task")), **kw)
             for s in part:
                 s["task_idx"] = i
             submit(part)
@@ -171,7 +172,8 @@ def sample_repairs(ctx, tasks, samples, results, seed, stats):
     attempt solved are branched: there the policy can write a passing program, so a group of
     repairs can be mixed (one that all fail carries no signal, and its sampling is spent). A repair
     that resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe
-    describes, Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test results)."""
+    describes, Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test
+    results)."""
     t0 = time.time()
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
@@ -268,12 +270,12 @@ def prefilter(ctx, tasks, keys, n, stats):
     logq = torch.cat([lp.sum(-1).double().cpu() for _, _, lp in teacher_forced(ctx, ctx.model, refs)])
     ctx.model.train(was_training)
     odds = mixed_group_odds(logq, ctx.args.group_size)
-    keep = sorted(odds.topk(n).indices.tolist())
+    likeliest = sorted(odds.topk(n).indices.tolist())
     stats["prefilter_s"] += time.time() - t0
     stats["prefilter_n"] += n                      # predicted odds of the kept tasks against all candidates
-    stats["prefilter_kept"] += odds[keep].sum().item()
+    stats["prefilter_kept"] += odds[likeliest].sum().item()
     stats["prefilter_all"] += odds.mean().item() * n
-    return [tasks[i] for i in keep], [keys[i] for i in keep]
+    return [tasks[i] for i in likeliest], [keys[i] for i in likeliest]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,9 +287,11 @@ def teacher_forced(ctx, model, samples):
     dev = ctx.device
     with torch.no_grad():
         for i in range(0, len(samples), ctx.args.micro_batch):
-            idx, tgt, old, _, valid = collate(samples[i:i + ctx.args.micro_batch], ctx.tok.pad_id, 0, 1, False)
+            idx, tgt, old, _, valid = collate(samples[i:i + ctx.args.micro_batch], ctx.tok.pad_id, 0, 1,
+                                              False)
             with common.autocast(dev):
-                lp, _ = token_logprobs(model, idx.to(dev), tgt.to(dev), None, ctx.args.temperature, valid.to(dev))
+                lp, _ = token_logprobs(model, idx.to(dev), tgt.to(dev), None, ctx.args.temperature,
+                                       valid.to(dev))
             yield tgt.to(dev), old.to(dev), lp
 
 
