@@ -579,8 +579,9 @@ def bench_compiled(quick, device=CPU):
 
 
 # ---------------------------------------------------------------------------------------------
-# gpu-check: one prepared check of the GPU path (docs/gpu.md), < 8 min on one GPU. Without a GPU it
-# runs the same stages reduced (smoke-sized, CPU, gloo), in the slow test suite, so it cannot rot.
+# gpu-check: one prepared check of the GPU path (docs/gpu.md), < 9 min on one GPU, so that one run
+# on a lent GPU settles the most. Without a GPU it runs the same stages reduced (smoke-sized, CPU,
+# gloo), in the slow test suite, so it cannot rot.
 
 COLLECTIVES = """
 import json, sys, torch, torch.distributed as dist
@@ -596,10 +597,100 @@ print(json.dumps({"backend": str(dist.get_backend()), "cpu_sum": cpu.tolist(), "
 common.cleanup_ddp()
 """
 
+# A trainer as gpu-check runs it: `python probe.py ROOT RECORD SCRIPT ARGS...` runs SCRIPT ARGS as
+# `python SCRIPT ARGS` would, output unchanged, and at exit writes to RECORD.RANK.json what only the
+# trainer's own process can measure: its peak GPU memory (torch.cuda.max_memory_allocated, and
+# reserved; None on CPU) and the seconds it spent preparing data (tasks.heldout_index and
+# corpus.prepare, as train_pretrain.prepared_data calls them; None when it reused prepared data).
+PROBE = """
+import atexit, json, os, runpy, sys, time
+root, record, script = sys.argv[1:4]
+sys.path.insert(0, root)
+sys.argv = [os.path.join(root, script)] + sys.argv[4:]
+import torch
+from data import corpus, tasks
+spent, depth = [None], [0]
+
+
+def timed(f):
+    def wrapper(*args, **kw):
+        depth[0] += 1
+        t = time.perf_counter()
+        try:
+            return f(*args, **kw)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                spent[0] = (spent[0] or 0.0) + time.perf_counter() - t
+    return wrapper
+
+
+corpus.prepare, tasks.heldout_index = timed(corpus.prepare), timed(tasks.heldout_index)
+
+
+@atexit.register
+def write():
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with open(f"{record}.{os.environ.get('RANK', '0')}.json", "w") as f:
+        json.dump({"prep_s": spent[0], "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+                   "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9 if cuda else None}, f)
+
+
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+MEM_SLACK = 1.1          # a measured peak may exceed the plan by 10%: the plan refuses above 90% of the device
+LOGP_MISMATCH_MAX = 0.1  # mean |decode - training| log-prob per token (nats) the RL stage accepts
+
+
+def rel_err(got, want):
+    """Largest absolute difference relative to the largest magnitude of `want` (0 where both are 0)."""
+    got, want = got.float(), want.float()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() if want.numel() else 0.0
+
+
+def count_host_syncs(fn, device):
+    """(fn(), the host synchronisations it made). On CUDA the warnings of
+    torch.cuda.set_sync_debug_mode("warn"): every .item(), device-to-host copy, blocking host-to-device
+    copy and shape read from the data. On CPU, where nothing waits, the reads of tensor values into
+    Python that would (.item(), .tolist(), bool(), int(), float(), use as an index, .nonzero(),
+    torch.bincount), counted by patching them as tests/test_model.py does; reads inside aten (a
+    boolean-mask index) are seen on CUDA only."""
+    if device.type == "cuda":
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                r = fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return r, sum("synchroniz" in str(w.message) for w in seen)
+    seen, saved = [], {}
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        saved[name], orig = torch.Tensor.__dict__.get(name), getattr(torch.Tensor, name)
+
+        def counted(self, *a, _f=orig, **kw):
+            seen.append(1)
+            return _f(self, *a, **kw)
+        setattr(torch.Tensor, name, counted)
+    bincount = torch.bincount
+    torch.bincount = lambda *a, **kw: seen.append(1) or bincount(*a, **kw)
+    try:
+        r = fn()
+    finally:
+        torch.bincount = bincount
+        for name, f in saved.items():
+            if f is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, f)
+    return r, len(seen)
+
 
 def gpu_check_kernels(cuda):
-    """The device, bf16, which fused attention backends run a causal bf16 SDPA here, and whether a
-    masked grouped-query one (packed RL rows) runs without the math backend."""
+    """The device, bf16, which fused attention backends run a causal bf16 SDPA here, whether a causal
+    grouped-query one (every training forward) runs on one and agrees with the math backend in values
+    and gradients, and whether a masked grouped-query one (packed RL rows) runs without the math backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
@@ -608,18 +699,37 @@ def gpu_check_kernels(cuda):
         out["grouped_mm_native"] = native_grouped_mm(torch.cuda.current_device())
     dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     q = torch.randn(4, 12, 512, 64, device=dev, dtype=dt)
-    for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-                          ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)]:
+    fused = [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+             ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    for name, backend in fused + [("math", SDPBackend.MATH)]:
         try:
             with sdpa_kernel([backend]):
                 torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
             out[f"sdpa_{name}"] = True
         except RuntimeError:
             out[f"sdpa_{name}"] = False
+    from model import attend
+    # a causal grouped-query call as every training forward makes it (Attention: no mask, so model.attend
+    # passes is_causal with enable_gqa), forward and backward on each fused backend alone, against the
+    # math backend in fp32
+    kv, w = q[:, :4], torch.randn_like(q)
+
+    def causal_gqa(backend, dtype):
+        qq, kk = (t.detach().to(dtype).requires_grad_() for t in (q, kv))
+        with sdpa_kernel([backend]):
+            y = attend(qq, kk, kk, None, True, False)
+            (y.float() * w.float()).sum().backward()
+        return y, qq.grad, kk.grad
+    want, tol = causal_gqa(SDPBackend.MATH, torch.float32), 5e-2 if cuda else 1e-4
+    for name, backend in fused:
+        try:
+            out[f"sdpa_causal_gqa_{name}"] = all(rel_err(a, b) < tol for a, b in zip(causal_gqa(backend, dt), want))
+        except RuntimeError:
+            out[f"sdpa_causal_gqa_{name}"] = False
+    out["sdpa_causal_gqa_fused"] = any(out[f"sdpa_causal_gqa_{name}"] for name, _ in fused)
     # a masked grouped-query call as packed RL rows make it (rl/algo.block_mask), through model.attend
     # as Attention takes it: on CUDA it must run without the math backend
-    from model import attend
-    kv, mask = q[:, :4], torch.ones(512, 512, dtype=torch.bool, device=dev).tril().expand(4, 1, 512, 512)
+    mask = torch.ones(512, 512, dtype=torch.bool, device=dev).tril().expand(4, 1, 512, 512)
     try:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
             attend(q, kv, kv, mask, False, cuda)
@@ -640,26 +750,73 @@ def gpu_check_kernels(cuda):
     except RuntimeError:
         out["sdpa_masked_decode_fused"] = False
     out["ok"] = out["sdpa_math"] and out["sdpa_masked_decode_fused"] and (
-        not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"]) and out["sdpa_masked_gqa_fused"]))
+        not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"]) and out["sdpa_masked_gqa_fused"]
+                     and out["sdpa_causal_gqa_fused"]))
     return out
 
 
+def grouped_vs_loop(device, dtype, E=8, D=64, H=64, N=192, k=2, seed=0):
+    """One MoE layer's grouped_mm dispatch (MoE.experts with grouped=True, dispatch "grouped") against
+    experts_loop, the textbook reference: its output and the gradients of the input, both expert
+    weights (expert by expert) and the router, on routes forced (router replay) so that expert E-1
+    gets no token and E-2 exactly one; pytorch#172439 reports wrong gradients for an empty group on
+    B200. bf16: under autocast, as training runs. Returns matches (every difference within float
+    rounding, everything finite, and the empty expert's weight gradients exactly 0), max_rel_err, empty_grad."""
+    from model import GPTConfig, MoE
+    g = torch.Generator().manual_seed(seed)
+    moe = MoE(GPTConfig(vocab_size=256, n_embd=D, n_head=4, n_kv_head=2, n_expert=E, top_k=k,
+                        n_shared_expert=0, expert_hidden=H))
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / p.shape[-2] ** 0.5)
+    moe.to(device)
+    x, r = (torch.randn(N, D, generator=g).to(device) for _ in range(2))
+    # skewed loads over experts 0..E-3, then token 0's second choice moved to E-2: E-1 gets nothing
+    routes = torch.multinomial(torch.linspace(1, 4, E - 2).expand(N, -1), k, generator=g)
+    routes[0, 1] = E - 2
+    routes = routes.to(device)
+
+    def run(path):
+        old, MoE.dispatch = MoE.dispatch, path
+        try:
+            moe.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+                y, _ = moe(xi, route=routes, track=False)
+            (y.float() * r).sum().backward()
+        finally:
+            MoE.dispatch = old
+        return [y.detach(), xi.grad, moe.router.weight.grad, moe.w1.grad, moe.w2.grad]
+    got, want = run("grouped"), run("loop")
+    errs = [rel_err(a, b) for a, b in zip(got[:3], want[:3])]
+    errs += [rel_err(a[e], b[e]) for a, b in zip(got[3:], want[3:]) for e in range(E - 1)]
+    empty = max(got[3][E - 1].abs().max().item(), got[4][E - 1].abs().max().item())
+    finite = all(bool(torch.isfinite(t).all()) for t in got)
+    worst = max(errs) if finite else float("inf")
+    return {"matches": finite and worst < (3e-2 if dtype == torch.bfloat16 else 1e-4) and empty == 0,
+            "max_rel_err": worst, "empty_grad": empty}
+
+
+def gpu_check_grouped_mm(device):
+    """grouped_vs_loop where training runs it: bf16 at the gpu preset's MoE sizes (16 experts, width
+    768, experts 512 wide, 4096 tokens) on a GPU; on CPU fp32 (what CPU training runs) and bf16."""
+    cuda = device.type == "cuda"
+    runs = ({"bf16": grouped_vs_loop(device, torch.bfloat16, E=16, D=768, H=512, N=4096)} if cuda else
+            {"fp32": grouped_vs_loop(device, torch.float32), "bf16": grouped_vs_loop(device, torch.bfloat16)})
+    ok = all(r["matches"] for r in runs.values())
+    return {"grouped_mm_matches_loop": ok, "ok": ok,
+            **{f"grouped_mm_{dt}_{k}": v for dt, r in runs.items() for k, v in r.items() if k != "matches"}}
+
+
 def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
-    """GPU synchronisations per decode step of fast.generate (torch.cuda.set_sync_debug_mode
-    warns at each): n_new tokens against one, no stop id; fast.SYNC_FREE reads every DONE_EVERY tokens.
-    fp32: fast.generate_retiring outside autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
+    """GPU synchronisations per decode step of fast.generate (count_host_syncs): n_new tokens against
+    one, no stop id; fast.SYNC_FREE reads every DONE_EVERY tokens. fp32: fast.generate_retiring outside
+    autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
     from infra import fast
     decode = fast.generate_retiring if fp32 else fast.generate
-    counts = []
-    for n in (1, n_new):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                decode(model, prompts, n, temperature=1.0, generator=torch.Generator(device).manual_seed(0))
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        counts.append(sum("synchroniz" in str(w.message) for w in seen))
+    counts = [count_host_syncs(lambda: decode(model, prompts, n, temperature=1.0,
+                                              generator=torch.Generator(device).manual_seed(0)), device)[1]
+              for n in (1, n_new)]
     return (counts[1] - counts[0]) / (n_new - 1)
 
 
@@ -685,6 +842,33 @@ def gpu_check_generate(ckpt, device):
             "host_syncs_per_token_fp32": syncs32, "ok": n > 0 and (syncs is None or (syncs < 1 and syncs32 < 1))}
 
 
+def gpu_check_train_syncs(ckpt, device, preset):
+    """Host synchronisations of one RL training micro-batch, train_rl.micro_batch_loss as a step calls
+    it (its batch on the host; forward under bf16 autocast on a GPU with router replay, packed prompts
+    and the valid mask; the PPO loss; backward), counted as the generate stage counts them per decode
+    token (count_host_syncs): 2 tasks x 8 samples of up to 64 tokens from the checkpoint just trained,
+    one micro-batch after a warm-up one. Each sync stalls the GPU's queue (issue 44, item 7)."""
+    from types import SimpleNamespace
+    import train_rl
+    from data.tasks import generate_tasks
+    from infra import common, engine
+    from rl.algo import batch_tensors
+    model, tok, _ = common.load_checkpoint(ckpt, device=device)
+    args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
+    samples = engine.sample_completions(model, tok, generate_tasks("train", 2, seed=0), n=8, temperature=1.0,
+                                        max_new_tokens=64, return_routes=True,
+                                        generator=torch.Generator(device).manual_seed(0))
+    batch = batch_tensors(samples, tok.pad_id, model.n_moe_layers, model.config.top_k, True, True)
+    counts = train_rl.Counts(len(samples), float((batch.tgt >= 0).sum()), float(batch.valid.sum()), 1)
+    ctx = SimpleNamespace(args=args, model=model.train(), device=device, replay=True)
+    stats, adv = train_rl.new_stats(args), [(-1.0) ** i for i in range(len(samples))]
+    step = lambda: train_rl.micro_batch_loss(ctx, batch, adv, counts, stats, 0)   # noqa: E731
+    step()                                                                          # warm-up
+    _, syncs = count_host_syncs(step, device)
+    return {"train_host_syncs": syncs, "train_rows": int(batch.idx.size(0)), "train_positions": int(counts.n_positions),
+            "ok": isinstance(syncs, int)}
+
+
 def gpu_check_ratios(device):
     """bench.py's model part (bench_model --quick: MoE vs dense training, KV cache vs recompute,
     batched vs one prompt at a time) on the GPU; reduced (smoke sizes, seconds) on CPU. ok: every
@@ -695,13 +879,72 @@ def gpu_check_ratios(device):
     return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
 
 
-def gpu_check_rl(argv):
+def probed(probe, argv, timeout=600):
+    """run_script of a trainer through PROBE: its summary, with rank 0's prep_s and peak memory."""
+    record = os.path.join(os.path.dirname(probe), os.path.basename(argv[0]).removesuffix(".py"))
+    r = run_script([probe, ROOT, record] + argv, timeout)
+    with open(f"{record}.0.json") as f:
+        return {**r, **json.load(f)}
+
+
+def fits(peak, plan_gb):
+    """The measured peak against the plan's estimate (None: not measured, on CPU)."""
+    return peak is None or peak <= MEM_SLACK * plan_gb
+
+
+def gpu_check_pretrain(probe, argv):
+    """train_pretrain.py's run, its peak GPU memory against the plan of `--dry-run` with the same
+    flags (est_gpu_mem_gb), and its data preparation time against the plan's est_prep_min."""
+    r = probed(probe, argv)
+    plan = run_script(argv + ["--dry-run"], 300)
+    r.update(plan_mem_gb=plan["est_gpu_mem_gb"], plan_prep_s=round(60 * plan["est_prep_min"], 1))
+    return dict(r, ok=fits(r["peak_mem_gb"], r["plan_mem_gb"]))
+
+
+def gpu_check_rl(probe, argv):
     """train_rl.py's 2 steps; ok only if they trained on some sequences (rl_trained_seqs, summed
-    from its metrics.jsonl): a step with no spread in any group runs no backward at all."""
-    r = run_script(argv, 600)
+    from its metrics.jsonl: a step with no spread in any group runs no backward at all), the decode vs
+    training log-prob mismatch it logs (logp_mismatch, mean per token; the worst step) is finite and
+    under LOGP_MISMATCH_MAX, and its peak memory is within the plan of `--dry-run` with the same flags."""
+    import math
+    r = probed(probe, argv)
     with open(r["metrics"]) as f:
-        trained = sum(row.get("trained_seqs", 0) for row in map(json.loads, f))
-    return dict(r, rl_trained_seqs=trained, ok=trained > 0)
+        rows = [row for row in map(json.loads, f) if "eval" not in row]
+    trained = sum(row.get("trained_seqs", 0) for row in rows)
+    mismatch = max((row["logp_mismatch"] for row in rows if row.get("trained_seqs")), default=None)
+    plan = run_script(argv + ["--dry-run"], 300)
+    r.update(rl_trained_seqs=trained, logprob_mismatch=mismatch, plan_mem_gb=plan["est_gpu_mem_gb"])
+    return dict(r, ok=trained > 0 and mismatch is not None and math.isfinite(mismatch) and mismatch < LOGP_MISMATCH_MAX
+                and fits(r["peak_mem_gb"], r["plan_mem_gb"]))
+
+
+def gpu_check_ddp(out_dir, cuda, pre, rl):
+    """Two ranks under torchrun (nccl with gloo beside it on 2 GPUs; gloo on CPU, reduced): 8 DDP
+    pretraining steps with gradient accumulation on the pretrain stage's prepared data, then 2 RL
+    steps from the pretrain stage's checkpoint that train (gradients all-reduced) and checkpoint
+    (every rank's queue gathered), then --resume for a third step with dynamic sampling, checkpointed
+    again. Skipped (ddp_ranks 0) where fewer than 2 GPUs are visible."""
+    import math
+    if cuda and torch.cuda.device_count() < 2:
+        return {"ddp_ranks": 0, "ok": True}
+    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cache, d = os.path.join(out_dir, "pretrain", "cache"), os.path.join(out_dir, "ddp")
+    p = run_script(ddp + pre + ["--out-dir", os.path.join(d, "pretrain"), "--cache-dir", cache, "--max-steps", "8",
+                                "--eval-every", "8", "--ckpt-every", "8", "--micro-batch", "8" if cuda else "4"]
+                   + (["--batch-tokens", "32768"] if cuda else []), 600)
+    base = rl + ["--out-dir", os.path.join(d, "rl"), "--max-new-tokens", "128"] + (
+        ["--batch-tasks", "4", "--group-size", "8"] if cuda else [])
+    first = run_script(ddp + base + ["--steps", "2", "--no-dynamic-sampling"], 600)
+    resumed = run_script(ddp + base + ["--steps", "3", "--dynamic-sampling", "--resume"], 600)
+    with open(resumed["metrics"]) as f:
+        rows = [row for row in map(json.loads, f) if "eval" not in row]
+    ck = torch.load(resumed["ckpt"], map_location="cpu", mmap=True, weights_only=False)
+    return {"ddp_ranks": 2, "ddp_pretrain_steps": p["steps"], "ddp_pretrain_loss": p["train_loss"],
+            "ddp_rl_steps": [row["step"] for row in rows], "ddp_rl_trained_seqs": sum(r["trained_seqs"] for r in rows),
+            "ddp_rl_rounds_step3": rows[-1]["rounds"], "ddp_rl_ckpt_mb": round(os.path.getsize(resumed["ckpt"]) / 1e6, 1),
+            "ok": (p["steps"] == 8 and math.isfinite(p["train_loss"]) and first["steps"] == 2 and resumed["steps"] == 3
+                   and [row["step"] for row in rows] == [1, 2, 3] and sum(r["trained_seqs"] for r in rows) > 0
+                   and ck["step"] == 3 and len(ck["stream_pos"]) == 2)}
 
 
 def gpu_check(out_dir):
@@ -711,27 +954,38 @@ def gpu_check(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
     preset = "gpu" if cuda else "smoke"
+    data = ["--tasks-n", "20000", "--source-mb", "4"] if cuda else []
     pre = ["train_pretrain.py", "--preset", preset, "--out-dir", os.path.join(out_dir, "pretrain"), "--max-steps", "30",
-           "--eval-every", "30", "--ckpt-every", "30"]   # and a sample of text at the last step
-    pre += ["--tasks-n", "20000", "--source-mb", "4"] if cuda else []
-    rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--out-dir", os.path.join(out_dir, "rl"),
-          "--steps", "2", "--eval-tasks", "0",
+           "--eval-every", "30", "--ckpt-every", "30"] + data   # and a sample of text at the last step
+    rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--eval-tasks", "0",
           # a 30-step model fails every task: a length penalty gives its groups a spread (room for
           # 128 tokens, so that some samples end early), and both steps train (backward through the
           # MoE kernels and the gradient all-reduce), as in bench_rl
-          "--no-dynamic-sampling", "--prefilter", "1", "--len-penalty", "0.02", "--max-new-tokens", "128"]
-    rl += ["--batch-tasks", "16", "--group-size", "8", "--max-minutes", "0"] if cuda else []
+          "--prefilter", "1", "--len-penalty", "0.02"] + (["--max-minutes", "0"] if cuda else [])
+    rl1 = rl + ["--out-dir", os.path.join(out_dir, "rl"), "--steps", "2", "--no-dynamic-sampling", "--max-new-tokens",
+                "128"] + (["--batch-tasks", "16", "--group-size", "8"] if cuda else [])
+    probe = os.path.join(out_dir, "probe.py")
     stages = {"kernels": lambda: gpu_check_kernels(cuda),
+              "grouped_mm": lambda: gpu_check_grouped_mm(device),
               "collectives": lambda: dict(run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                                       "1", os.path.join(out_dir, "collectives.py"),
                                                       ROOT], 300), ok=True),
-              "pretrain": lambda: dict(run_script(pre, 600), ok=True),
+              "pretrain": lambda: gpu_check_pretrain(probe, pre),
               "generate": lambda: gpu_check_generate(ckpt, device),
+              "train_syncs": lambda: gpu_check_train_syncs(ckpt, device, preset),
               "ratios": lambda: gpu_check_ratios(device),
-              "rl": lambda: gpu_check_rl(rl)}
-    with open(os.path.join(out_dir, "collectives.py"), "w") as f:
-        f.write(COLLECTIVES)
-    results = {"reduced": not cuda, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+              "rl": lambda: gpu_check_rl(probe, rl1),
+              "ddp": lambda: gpu_check_ddp(out_dir, cuda, pre, rl)}
+    for name, text in (("collectives.py", COLLECTIVES), ("probe.py", PROBE)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
+    results = {"reduced": not cuda, "device": torch.cuda.get_device_name() if cuda else "cpu",
+               "gpus_visible": torch.cuda.device_count() if cuda else 0}
+    keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
+            "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch",
+            "host_syncs_per_token", "host_syncs_per_token_fp32", "moe_vs_dense_train", "kv_cache_speedup",
+            "batched_generation_speedup", "logprob_mismatch", "train_host_syncs", "train_rows", "train_positions",
+            "prep_s", "peak_mem_gb", "peak_reserved_gb", "plan_mem_gb", "plan_prep_s")
     t_start = time.time()
     for name, fn in stages.items():
         t0 = time.time()
@@ -740,16 +994,23 @@ def gpu_check(out_dir):
         except Exception as e:   # every stage runs and reports, the JSON line says which failed
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 2)
-        keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-                "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch",
-                "host_syncs_per_token", "host_syncs_per_token_fp32", "moe_vs_dense_train", "kv_cache_speedup",
-                "batched_generation_speedup")
-        results[name] = {k: v for k, v in r.items() if k in keep or k.startswith("sdpa_") or k.startswith("rl_")}
+        results[name] = {k: v for k, v in r.items()
+                         if k in keep or k.startswith(("sdpa_", "rl_", "grouped_mm_", "ddp_"))}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
     if "collectives" in results and results["collectives"]["ok"]:
         c = results["collectives"]
         c["ok"] = c["cpu_sum"] == [1.0] * 3 and c["dev_sum"] == [1.0] * 3
-    results["ok"] = all(results[n]["ok"] for n in stages)
+    # the figures issue 44 asks one run to settle, at the top level (None where a stage failed before them)
+    results.update(
+        peak_mem_gb={n: results[n].get("peak_mem_gb") for n in ("pretrain", "rl")},   # None on CPU
+        plan_mem_gb={n: results[n].get("plan_mem_gb") for n in ("pretrain", "rl")},
+        grouped_mm_matches_loop=results["grouped_mm"].get("grouped_mm_matches_loop", False),
+        logprob_mismatch=results["rl"].get("logprob_mismatch"),
+        train_host_syncs=results["train_syncs"].get("train_host_syncs"),
+        prep_s=results["pretrain"].get("prep_s"), plan_prep_s=results["pretrain"].get("plan_prep_s"),
+        ddp_ranks=results["ddp"].get("ddp_ranks", 0),
+        verdicts={n: results[n]["ok"] for n in stages})
+    results["ok"] = all(results["verdicts"].values())
     results["total_s"] = round(time.time() - t_start, 1)
     print(json.dumps(results))
     return 0 if results["ok"] else 1

@@ -206,13 +206,17 @@ mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batc
 
 
 def dry_run():
-    """--dry-run: the plan for --world-size processes on --plan-device (common.py), then exit."""
+    """--dry-run: the plan for --world-size processes on --plan-device (common.py), then exit. Its
+    est_prep_min, rank 0's data preparation (once; a later run reuses it), is timed here on a sample
+    of 200 tasks and 0.5 MB per source and scaled to the preset's sizes (common.prep_minutes; how, in
+    est_prep_basis): on this machine's CPU, not the GPU host's."""
     cfg = init.config if init is not None else GPTConfig(vocab_size=args.vocab_size, seq_len=T,
                                                          n_dense_layers=N_DENSE_LAYERS,
                                                          **{k: getattr(args, k) for k in ARCH})
     name, peak, mem = common.plan_device(args)
     n_total, n_active, flops_per_token = common.model_plan(cfg)
     tokens = args.batch_tokens * args.max_steps
+    prep_min, prep_basis = common.prep_minutes(args, mix, user_data, tok)
     common.finish_plan({
         "script": "train_pretrain.py", "preset": args.preset, "world_size": world, "device_type": name,
         "tokens_per_step": args.batch_tokens, "micro_batch": mbs, "grad_accum": accum, "seq_len": T,
@@ -220,6 +224,7 @@ def dry_run():
         "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": common.PLAN_MFU,
         "est_gpu_mem_gb": round(common.memory_gb(cfg, n_total, mbs, T), 1),
         "est_run_min": round(flops_per_token * tokens / (world * peak * common.PLAN_MFU) / 60, 1),
+        "est_prep_min": round(prep_min, 2), "est_prep_basis": prep_basis,
         "model_config": dataclasses.asdict(cfg)}, mem)
 
 

@@ -270,6 +270,68 @@ def memory_gb(cfg, params_total, rows, seq_len, extra_bytes=0):
     return (18 * params_total + act + extra_bytes) / 1e9 + 1.5
 
 
+def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
+    """(minutes, how they were estimated) of train_pretrain.py's data preparation (corpus.prepare on
+    rank 0, one core, once per data definition) on THIS machine's CPU: timed on a sample here and
+    scaled linearly. Generating and rendering `n_tasks` env tasks, times --tasks-n (all are generated,
+    whatever --source-mb); hashing, the leak filter and tokenizing those and the first `sample_mb` MB
+    of every other source, times each source's size (capped at --source-mb); training the tokenizer
+    at --vocab-size on the sample, times the --tok-train-mb it trains on (none when `tok`, e.g.
+    --init-from's, is given); the held-out index, as it is. Repair transcripts (--repair-frac: sandbox
+    runs) are not counted. About 2 s; `bench.py gpu-check` reports the measured time beside it."""
+    import math
+    import time
+    from collections import Counter
+    import numpy as np
+    import env
+    from data import corpus, tasks, tokenizer
+    clock = time.perf_counter
+    t = clock()
+    index = tasks.heldout_index(args.holdout_n)
+    fixed_s, t = clock() - t, clock()
+    levels = tasks.parse_difficulties(args.task_difficulties)
+    task_texts = [env.corpus_text(x) for x in tasks.generate_tasks("train", n_tasks, seed=args.seed, difficulties=levels)]
+    gen_s, task_bytes = (clock() - t) / n_tasks, sum(map(len, task_texts)) / n_tasks
+    samples, sizes = {}, {}
+    for name in mix:
+        if name == "tasks":
+            kept = min(args.tasks_n, math.ceil(args.source_mb * 1e6 / task_bytes)) if args.source_mb else args.tasks_n
+            samples[name], sizes[name] = task_texts, kept * task_bytes
+            continue
+        docs = corpus.load_source(name, user_data.get(name), Counter(), args)     # capped at --source-mb
+        samples[name] = list(corpus.capped(docs, sample_mb))
+        if name in user_data:    # a --data source by its files' sizes (reading it all could take long)
+            path, exts = user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
+            size = os.path.getsize(path) if os.path.isfile(path) else sum(
+                os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs
+                if os.path.splitext(f)[1] in exts)
+            sizes[name] = min(size, args.source_mb * 1e6) if args.source_mb else size
+        else:                    # the stdlib: the rest of it read (~11 MB, a fraction of a second)
+            sizes[name] = sum(map(len, samples[name])) + sum(map(len, docs))
+    sample = [d for s in samples.values() for d in s]
+    tok_s = tok_bytes = 0.0
+    if tok is None:
+        t = clock()
+        tok = tokenizer.train_tokenizer(sample, args.vocab_size)
+        tok_s = (clock() - t) / sum(map(len, sample))
+        tok_bytes = sum(min(sizes[n], args.tok_train_mb * 1e6 * mix[n] / sum(mix.values())) for n in mix)
+
+    def per_byte(docs):          # what prepare does to a document once read: hash, leak filter, tokens
+        t = clock()
+        for d in docs:
+            corpus.doc_hash(d)
+            tasks.is_heldout(d, index)
+        for ids in tok.encode_batch(docs):
+            np.asarray(ids + [tok.eot_id], dtype=np.uint16)
+        return (clock() - t) / max(1, sum(map(len, docs)))
+    total_s = (fixed_s + args.tasks_n * gen_s + tok_bytes * tok_s
+               + sum(sizes[n] * per_byte(samples[n]) for n in mix))
+    basis = (f"timed on this machine's CPU on {n_tasks} tasks and {sample_mb} MB per source, scaled to "
+             f"{args.tasks_n} tasks, {sum(sizes.values()) / 1e6:.0f} MB of text, "
+             f"{tok_bytes / 1e6:.0f} MB of tokenizer training; repair transcripts not counted")
+    return total_s / 60, basis
+
+
 def finish_plan(plan, mem_gb_device):
     """Prints the plan (stderr lines, then the JSON line on stdout) and exits; refuses with one line
     when the estimated memory does not fit the device."""
@@ -278,7 +340,9 @@ def finish_plan(plan, mem_gb_device):
             f"{mem_gb_device} GB: use a smaller --micro-batch (now {plan['micro_batch']})")
     for k, v in plan.items():
         print(f"plan  {k:>18}: {v}", file=sys.stderr)
-    print("plan  (est_* are estimates: a FLOP count at the assumed utilisation, not a measurement)", file=sys.stderr)
+    print("plan  (est_* are estimates: a FLOP count at the assumed utilisation, not a measurement"
+          + ("; est_prep_min: a timed sample, scaled (est_prep_basis)" if "est_prep_min" in plan else "") + ")",
+          file=sys.stderr)
     print_summary(plan)
     sys.exit(0)
 

@@ -6,7 +6,7 @@ calls.
   - generate_retiring: finished rows leave the batch and the cache as they finish (in bulk), so they
     stop costing compute; on a GPU sync-free (SYNC_FREE): no host read per token.
   - two decode streams on a CPU (STREAMS, cpu_threads): two batches side by side, one core each.
-  - a compiled decode step (COMPILE, compiled_trunk: train_rl.py / eval.py --compile-decode).
+  - a compiled decode step (COMPILE, compiled_trunk: eval.py --compile-decode).
   - speculative decoding with the model's MTP modules (SPECULATIVE, infra/speculative.py; agent.py).
 Measured in bench.py (generation, compiled, speculative): docs/benchmarks.md, docs/speculative.md.
 """
@@ -24,7 +24,7 @@ from model import GPT
 THREADS = 1      # torch threads per decode stream on CPU (0: leave torch's setting); see cpu_threads
 STREAMS = 2      # decode streams (Python threads) on CPU: this machine's 2 cores
 # Decode steps through torch.compile(trunk) (compiled_trunk). Off by default: compiling (and
-# recompiling for new shapes) takes minutes on 2 cores; --compile-decode turns it on.
+# recompiling for new shapes) takes minutes on 2 cores; eval.py --compile-decode turns it on.
 COMPILE = False
 _COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
 # generate decodes with speculative.generate where the model has MTP modules (agent.py sets it;

@@ -477,7 +477,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
 
 @pytest.mark.slow   # a torch.compile of the decode step
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """fast.COMPILE (train_rl.py / eval.py --compile-decode): decode steps through
+    """fast.COMPILE (eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
     routes as the eager steps, log-probs within float rounding of the eager ones and of a full
     forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
