@@ -993,7 +993,7 @@ def gpu_check(out_dir):
             r = fn()
         except Exception as e:   # every stage runs and reports, the JSON line says which failed
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
-        r["s"] = round(time.time() - t0, 2)
+        r["s"] = round(time.time() - t0, 3)
         results[name] = {k: v for k, v in r.items()
                          if k in keep or k.startswith(("sdpa_", "rl_", "grouped_mm_", "ddp_"))}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 4 and 8 processes (and the refusals of impossible ones), and `bench.py gpu-check` in its reduced CPU
 form (slow). On a GPU machine `python bench.py gpu-check` is the full check (docs/gpu.md)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def test_dry_run_plans_for_1_2_4_8_processes(script):
     if script == "train_pretrain.py":   # processes * micro-batch * accumulation * seq-len = the batch
         for world, plan in plans.items():
             assert world * plan["micro_batch"] * plan["grad_accum"] * plan["seq_len"] == plan["tokens_per_step"]
+            # rank 0's data preparation, timed here on a sample (once, whatever the processes)
+            assert plan["est_prep_min"] > 0 and "200 tasks" in plan["est_prep_basis"], plan
 
 
 @pytest.mark.parametrize("script, flags, fix", [
@@ -53,15 +56,73 @@ def test_impossible_plans_are_refused_with_the_fix(script, flags, fix):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and fix in p.stderr, p.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow                      # ~40 s on the 2-core VM (2 gloo ranks included)
 def test_gpu_check_runs_reduced_on_cpu(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "gpu-check", "--out-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["reduced"] is True and r["ok"] is True, r
-    for stage in ("kernels", "collectives", "pretrain", "generate", "rl"):
+    assert r["reduced"] is True and r["ok"] is True and r["device"] == "cpu", r
+    stages = ("kernels", "grouped_mm", "collectives", "pretrain", "generate", "train_syncs", "ratios", "rl", "ddp")
+    assert r["verdicts"] == dict.fromkeys(stages, True), r["verdicts"]
+    for stage in stages:
         assert r[stage]["ok"] and r[stage]["s"] > 0, (stage, r[stage])
+    # what one run on a GPU is to settle (issue 44, item 10), here in its CPU form
+    assert r["ddp_ranks"] == 2 and r["ddp"]["ddp_rl_steps"] == [1, 2, 3], r["ddp"]   # 2 gloo ranks, a resume
+    assert r["peak_mem_gb"] == {"pretrain": None, "rl": None}                     # measured on CUDA only
+    assert all(r["plan_mem_gb"][k] > 0 for k in ("pretrain", "rl")), r["plan_mem_gb"]
+    assert r["grouped_mm_matches_loop"] is True
+    assert math.isfinite(r["logprob_mismatch"]) and r["logprob_mismatch"] < 1e-3    # fp32 decode and training
+    assert isinstance(r["train_host_syncs"], int) and r["train_host_syncs"] >= 0
+    assert r["prep_s"] > 0 and r["plan_prep_s"] >= 0
+    assert r["kernels"]["sdpa_causal_gqa_fused"] is True                          # CPU's flash kernel takes it
+
+
+def test_grouped_mm_check_catches_wrong_expert_gradients(monkeypatch):
+    """gpu-check's grouped_mm stage on CPU: grouped_mm's dispatch matches the loop reference (fp32 and
+    bf16, one expert without tokens, one with a single token), and the check fails when the grouped
+    path's gradients are wrong while its output is right: one expert's weight gradients doubled, or a
+    gradient leaking into the expert that got no token (pytorch#172439's symptom on B200)."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import bench
+    import model
+    cpu = torch.device("cpu")
+    assert bench.gpu_check_grouped_mm(cpu)["grouped_mm_matches_loop"] is True
+    right = model.expert_matmul
+
+    def wrong(kind):
+        def expert_matmul(x, w, counts, grouped):
+            if grouped:
+                sel = torch.zeros(w.size(0), 1, 1, dtype=w.dtype)
+                if kind == "scaled":       # the same values; expert 1's gradient twice what it is
+                    sel[1] = 1
+                    w = w.detach() + (w - w.detach()) * (1 + sel)
+                else:                      # a gradient for the last expert, which got no token
+                    sel[-1] = 1e-3
+                    w = w * 1
+                    w.register_hook(lambda g: g + sel)
+            return right(x, w, counts, grouped)
+        return expert_matmul
+    for kind in ("scaled", "leak"):
+        monkeypatch.setattr(model, "expert_matmul", wrong(kind))
+        r = bench.gpu_check_grouped_mm(cpu)
+        assert r["grouped_mm_matches_loop"] is False and r["ok"] is False, (kind, r)
+        if kind == "leak":
+            assert r["grouped_mm_fp32_empty_grad"] > 0 and r["grouped_mm_bf16_empty_grad"] > 0, r
+
+
+def test_host_syncs_are_counted_on_cpu():
+    """count_host_syncs on CPU (gpu-check's train_syncs stage): each read of a tensor value into Python
+    counts once, and torch.Tensor is left as it was."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import bench
+    before = dict(vars(torch.Tensor))
+    x = torch.arange(4.0)
+    r, n = bench.count_host_syncs(lambda: x.sum().item() + len(x.tolist()) + bool(x.any()) + x[x > 1].sum(), bench.CPU)
+    assert n == 3 and float(r) == 6 + 4 + 1 + 5
+    assert dict(vars(torch.Tensor)) == before
 
 
 @pytest.mark.parametrize("arch", ["cpu", "gpu"])
