@@ -649,13 +649,19 @@ def rel_err(got, want):
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() if want.numel() else 0.0
 
 
+# aten ops that read a tensor's data on the host: on CUDA each waits for the queue (a sync). .item(),
+# bool(), int(), float() and use as an index all end in _local_scalar_dense; a boolean-mask index and
+# masked_scatter size their output from the mask; bincount reads the max; unique and nonzero their count.
+HOST_READING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "masked_scatter", "bincount", "_unique2",
+                    "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
+
+
 def count_host_syncs(fn, device):
     """(fn(), the host synchronisations it made). On CUDA the warnings of
     torch.cuda.set_sync_debug_mode("warn"): every .item(), device-to-host copy, blocking host-to-device
-    copy and shape read from the data. On CPU, where nothing waits, the reads of tensor values into
-    Python that would (.item(), .tolist(), bool(), int(), float(), use as an index, .nonzero(),
-    torch.bincount), counted by patching them as tests/test_model.py does; reads inside aten (a
-    boolean-mask index) are seen on CUDA only."""
+    copy and shape read from the data. On CPU, where nothing waits, the operations that would: the aten
+    ops of HOST_READING_OPS, an index or index_put by a boolean mask, repeat_interleave without its
+    output size (seen by a TorchDispatchMode, so inside aten too), and .tolist() (patched: no aten op)."""
     if device.type == "cuda":
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -665,25 +671,28 @@ def count_host_syncs(fn, device):
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         return r, sum("synchroniz" in str(w.message) for w in seen)
-    seen, saved = [], {}
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
-        saved[name], orig = torch.Tensor.__dict__.get(name), getattr(torch.Tensor, name)
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = []
 
-        def counted(self, *a, _f=orig, **kw):
-            seen.append(1)
-            return _f(self, *a, **kw)
-        setattr(torch.Tensor, name, counted)
-    bincount = torch.bincount
-    torch.bincount = lambda *a, **kw: seen.append(1) or bincount(*a, **kw)
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name, kwargs = func.overloadpacket.__name__, kwargs or {}
+            masks = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
+            if name in HOST_READING_OPS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool
+                                               for m in masks) or \
+                    (name == "repeat_interleave" and kwargs.get("output_size") is None):
+                seen.append(name)
+            return func(*args, **kwargs)
+    own, tolist = torch.Tensor.__dict__.get("tolist"), torch.Tensor.tolist   # own: None where inherited
+    torch.Tensor.tolist = lambda self: seen.append("tolist") or tolist(self)
     try:
-        r = fn()
+        with Reads():
+            r = fn()
     finally:
-        torch.bincount = bincount
-        for name, f in saved.items():
-            if f is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, f)
+        if own is None:
+            del torch.Tensor.tolist
+        else:
+            torch.Tensor.tolist = own
     return r, len(seen)
 
 

@@ -316,13 +316,14 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     token (ppo_token_loss), summed with the --loss-norm weights (token_weights). `batch` its
     batch_tensors, `adv` its samples' advantages, `counts` the step's global_counts."""
     args, model, dev = ctx.args, ctx.model, ctx.device
-    tgt, old, valid = batch.tgt.to(dev), batch.old.to(dev), batch.valid.to(dev)
-    layout = {k: x.to(dev) for k, x in batch.layout.items()}
-    adv = torch.tensor(adv, dtype=torch.float32, device=dev)
+    # non_blocking: copies from the host that do not wait for the GPU's queue (gpu-check counts waits)
+    tgt, old, valid = (x.to(dev, non_blocking=True) for x in (batch.tgt, batch.old, batch.valid))
+    layout = {k: x.to(dev, non_blocking=True) for k, x in batch.layout.items()}
+    adv = torch.tensor(adv, dtype=torch.float32).to(dev, non_blocking=True)
     mask = (tgt >= 0).float()
     with common.autocast(dev):
-        logp, entropy = token_logprobs(model, batch.idx.to(dev), tgt,
-                                       batch.routes.to(dev) if ctx.replay else None,
+        logp, entropy = token_logprobs(model, batch.idx.to(dev, non_blocking=True), tgt,
+                                       batch.routes.to(dev, non_blocking=True) if ctx.replay else None,
                                        args.temperature, valid, **layout)
     tok_loss, clipped = ppo_token_loss(logp, old, adv, args.eps_low, args.eps_high)
     # Dr. GRPO's constant: the sequences the step SAMPLED (B x G, fixed), times the generation budget;
@@ -357,7 +358,8 @@ def padding_batch(ctx):
     routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
     b = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
                       ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False)
-    return b._replace(tgt=torch.full_like(b.tgt, -1), valid=torch.zeros_like(b.valid))
+    return b._replace(tgt=torch.full_like(b.tgt, -1), valid=torch.zeros_like(b.valid),
+                      layout={"at": torch.zeros(0, dtype=torch.long)})
 
 
 Counts = namedtuple("Counts", "n_seqs n_tokens n_positions n_forwards")

@@ -229,38 +229,43 @@ def micro_batches(groups, size, pack):
 
 
 # One training forward's tensors (batch_tensors): collate's or pack_groups', and the layout for
-# token_logprobs ({} for collate's).
+# token_logprobs (pack_groups' pos, seg and src, and for both the targets' flat indices `at`).
 Batch = namedtuple("Batch", "idx tgt old routes valid layout")
 
 
 def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
     """The one place the layout is chosen: pack_groups (pack) or collate. Returns a Batch; either way
     tgt and old hold one row per sample, so (tgt >= 0).sum() counts the generated tokens and
-    valid.sum() the positions fed."""
+    valid.sum() the positions fed. layout["at"]: where the targets sit in tgt.flatten(), found here on
+    the host so that the training forward reads nothing back from the GPU (a boolean mask's count would)."""
     if pack:
-        return Batch(*pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes))
-    return Batch(*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
+        batch = Batch(*pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes))
+    else:
+        batch = Batch(*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
+    batch.layout["at"] = (batch.tgt >= 0).flatten().nonzero().squeeze(1)
+    return batch
 
 
-def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None):
+def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None, at=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
     distribution generation sampled from (engine.generate's logprobs; T = 0 is greedy: plain
     softmax), and the policy's entropy there. Only the positions that predict a target go through
     the LM head and the softmax: no other position's logits enter the loss.
     valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.
     pos, seg, src: pack_groups' layout (positions, segments for block_mask, the flat position that
-    predicts each target); None: collate's (one sample per row, causal, a target's column predicts it)."""
+    predicts each target); None: collate's (one sample per row, causal, a target's column predicts it).
+    at: the targets' indices in tgt.flatten() (batch_tensors finds them on the host); None: found here."""
     pos = torch.arange(idx.size(1), device=idx.device)[None] if pos is None else pos
     mask = None if seg is None else block_mask(seg)
     h, _ = model.trunk(idx, pos, mask=mask, routes=routes, valid=valid)
-    m = tgt >= 0
-    logp_all = F.log_softmax(model.lm_head(h[m] if src is None else h.flatten(0, 1)[src[m]]).float()
-                             / (temperature or 1.0), -1)
-    picked = logp_all.gather(-1, tgt[m][:, None]).squeeze(-1)
-    logp = torch.zeros(tgt.shape, device=idx.device).masked_scatter(m, picked)
+    at = (tgt >= 0).flatten().nonzero().squeeze(1) if at is None else at
+    rows = at if src is None else src.flatten()[at]   # the flat position whose output predicts each target
+    logp_all = F.log_softmax(model.lm_head(h.flatten(0, 1)[rows]).float() / (temperature or 1.0), -1)
+    picked = logp_all.gather(-1, tgt.flatten()[at][:, None]).squeeze(-1)
+    logp = torch.zeros(tgt.numel(), device=idx.device).index_put((at,), picked).view(tgt.shape)
     with torch.no_grad():
-        entropy = torch.zeros(tgt.shape, device=idx.device).masked_scatter(
-            m, -(logp_all.exp() * logp_all).sum(-1))
+        entropy = torch.zeros(tgt.numel(), device=idx.device).index_put(
+            (at,), -(logp_all.exp() * logp_all).sum(-1)).view(tgt.shape)
     return logp, entropy
 
 

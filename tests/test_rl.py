@@ -330,7 +330,8 @@ def test_micro_batches_keep_groups_whole_and_tensors_line_up_with_their_samples(
                     {"prompt_ids": [3], "tokens": [7, 8, 9], "logprobs": [-3.0, -4.0, -5.0]}]}
     _, tgt, old, _, valid, layout = rl.batch_tensors([ep], 0, 0, 1, False, False)
     assert tgt[0][tgt[0] >= 0].tolist() == [5, 6, 7, 8, 9] and old[0][tgt[0] >= 0].tolist() == [-1, -2, -3, -4, -5]
-    assert valid.sum() == len(rl.flatten(ep)[0]) == 2 + 1 + 1 + 2 and rl.n_generated(ep) == 5 and layout == {}
+    assert valid.sum() == len(rl.flatten(ep)[0]) == 2 + 1 + 1 + 2 and rl.n_generated(ep) == 5
+    assert list(layout) == ["at"] and layout["at"].tolist() == (tgt[0] >= 0).nonzero().squeeze(1).tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,3 +709,27 @@ def test_rounds_sample_the_ranks_share_at_any_world_size(tiny_ckpt, tmp_path):
         assert r["rounds"] == 2
         ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
         assert ck["stream_pos"] == [2 * 4 // world] * world      # 2 rounds x B / W tasks, x G = 2 rows each
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_training_micro_batch_reads_nothing_back_from_the_device(pack):
+    # Issue 44, item 7: every read of tensor data into the host (.item(), a boolean-mask index, nonzero,
+    # bincount, ...) stalls a GPU's queue. micro_batch_loss, forward and backward, with router replay and
+    # the valid mask as a step runs it, makes none (bench.count_host_syncs sees them inside aten too);
+    # before the fix, token_logprobs' h[tgt >= 0] and masked_scatter made three.
+    import bench
+    model = tiny_moe().train()
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 10]] * 2
+    gen = engine.generate(model, prompts, max_new_tokens=6, temperature=1.0, return_routes=True,
+                          generator=torch.Generator().manual_seed(0))
+    samples = [{"prompt_ids": p, **g} for p, g in zip(prompts, gen)]
+    batch = rl.batch_tensors(samples, 0, model.n_moe_layers, 2, True, pack)
+    args = SimpleNamespace(temperature=1.0, eps_low=0.2, eps_high=0.28, loss_norm="constant", batch_tasks=2,
+                           group_size=2, max_new_tokens=6, moe_aux_scale=0.0, ppo_epochs=1)
+    ctx = SimpleNamespace(args=args, model=model, device=torch.device("cpu"), replay=True)
+    counts = train_rl.Counts(4, float((batch.tgt >= 0).sum()), float(batch.valid.sum()), 1)
+    stats = rl_metrics.new_stats(args)
+    _, n = bench.count_host_syncs(
+        lambda: train_rl.micro_batch_loss(ctx, batch, [1.0, -1.0, 0.5, -0.5], counts, stats, 0), torch.device("cpu"))
+    assert n == 0
+    assert stats["tokens_e0"] == (batch.tgt >= 0).sum() and all(p.grad is not None for p in model.parameters())
