@@ -115,7 +115,7 @@ def main(argv=None):
     fast.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
     gen = torch.Generator(device=device).manual_seed(args.seed)
     with env.SandboxPool(workers=1) as pool:
-        ep = engine.run_episodes(model, tok, [task], 1, args.turns, pool, args.temperature,
+        ep = engine.run_episodes(model, tok, [task], 1, env.Feedback(args.turns), pool, args.temperature,
                                  args.max_new_tokens, generator=gen)[0]
     show(task, ep)
     summary = {"task_id": task.task_id, "passed": ep["result"].passed, "turns": len(ep["turns"]),

@@ -15,6 +15,7 @@ evaluated in (Composer 2 report, "harness parity"). Two parts:
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
 import ast
+import collections
 import concurrent.futures
 import dataclasses
 import io
@@ -147,6 +148,276 @@ def render_episode(task, turns) -> str:
     the model wrote and the feedback that followed it ("" for the last). The sampler (infra/engine.py)
     feeds the same text as tokens; the pretraining repair transcripts are rendered by this too."""
     return render_prompt(task) + "".join(text + feedback for text, feedback in turns)
+
+class Feedback:
+    """The tool set of --turns T episodes (engine.run_episodes runs it): after an attempt the harness
+    runs the docstring's examples, and if one fails the next turn reads render_feedback's text. The
+    hidden tests judge every attempt (the self-repair curve); the reward is the last one's verdict.
+    An episode ends when its attempt passes the examples, when T is spent, or when the task has none."""
+    stop_tokens = ()
+
+    def __init__(self, turns, fractional=False):
+        self.max_turns, self.fractional = turns, fractional
+
+    def prompt(self, task):
+        return render_prompt(task)
+
+    def start(self, task):
+        return {"results": []}
+
+    def feed_ids(self, tok, text):
+        return tok.encode(text)
+
+    def step(self, tok, pool, items, more):
+        codes = [x["completion"] for _, _, x in items]
+        hidden = pool.submit_batch([t for t, _, _ in items], codes, self.fractional)   # every attempt judged
+        check = [(k, v) for k, (t, _, _) in enumerate(items) if more and (v := visible_task(t)) is not None]
+        runs = pool.run_batch([v for _, v in check], [codes[k] for k, _ in check])
+        seen = dict(zip([k for k, _ in check], runs))
+        out = []
+        for k, ((task, e, x), r) in enumerate(zip(items, hidden.result())):
+            e["results"].append(r)
+            v = seen.get(k)
+            x["visible_passed"] = None if v is None else v.passed       # None: not run (last turn)
+            if v is not None and v.outcome == "sandbox_error":         # the harness failed, not the model:
+                e["lost"] = v                                           # the episode is not scored
+            out.append(None if v is None or v.passed or v.outcome == "sandbox_error"
+                       else render_feedback(task, v, x["text"]))
+        return out
+
+    def finish(self, pool, items):
+        for _, e in items:
+            e["result"] = e.pop("lost", e["results"][-1])
+
+
+# ----------------------------------------------------------------------------- tools (the agent)
+# The report's central idea: the agent is trained in the harness it is used in, reading, editing and
+# testing a repository through tools. One action per turn (mini-swe-agent), written between special
+# tokens with a raw payload (nanochat's tool use): <|read|>config.py<|end|>, then the observation is
+# fed between <|obs|> and <|/obs|>, never a target. A malformed action is answered with a one-line
+# error the model reads, never a crash. The repository is the episode's own in-memory copy, a dict
+# {path: text}: a path can only name one of its files, so nothing outside it is ever read or written
+# ("..", absolute paths, anything not listed are refused with an error); tests run in the sandbox on
+# a copy of it made for that run (repo_program). The judge runs the task's hidden tests, which only
+# it holds, on the agent's modules; the visible test file is left out, so editing it changes nothing.
+
+ACTIONS = ("ls", "read", "edit", "test", "submit")     # each opened by its token <|name|>, closed by <|end|>
+OBS_CHARS = 1500          # an observation's cap: its head and tail are kept (a file, a test run's output)
+MAX_FILE_CHARS = 20_000   # an edit that would make a file longer is refused
+
+
+def cap(text, n=OBS_CHARS):
+    """At most about n characters: the head and the tail, and how much was cut between them."""
+    if len(text) <= n:
+        return text
+    cut = len(text) - n
+    return text[:n // 2] + f"\n... ({cut} characters cut) ...\n" + text[-(n - n // 2):]
+
+
+def render_issue(task, files=()) -> str:
+    """The text an episode starts from: the issue, then (the oracle's prompt) the named files in full,
+    each after a `# file: PATH` line. The model's first action follows."""
+    inline = "".join(f"# file: {p}\n{task.files[p]}" + ("" if task.files[p].endswith("\n") else "\n")
+                     for p in files)
+    return f"# Issue\n{task.issue.strip()}\n{inline}"
+
+
+def check_path(repo, path):
+    """The path if it names a file of the episode's repository, else a one-line error (ValueError)."""
+    path = path.strip()
+    if not path:
+        raise ValueError("error: no path given")
+    if path.startswith("/") or "\\" in path or "\x00" in path:
+        raise ValueError(f"error: {path[:80]!r}: only paths relative to the repository are allowed")
+    if any(part in ("..", ".") for part in path.split("/")):
+        raise ValueError(f"error: {path[:80]!r}: '..' and '.' are refused")
+    if path not in repo:
+        raise ValueError(f"error: no file {path[:80]!r} (ls lists the files)")
+    return path
+
+
+def replace_function(source, definition, path="the file"):
+    """`source` with its top-level function of the same name as `definition` (one whole `def`)
+    replaced by it; ValueError with a one-line message if the definition is not one function, names
+    none of the file's, or the result does not parse."""
+    definition = textwrap.dedent(definition).strip("\n") + "\n"
+    try:
+        new = ast.parse(definition).body
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+        line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ValueError(f"error: the definition does not parse: {getattr(e, 'msg', type(e).__name__)}{line}")
+    if len(new) != 1 or not isinstance(new[0], ast.FunctionDef):
+        raise ValueError("error: an edit is the path on its first line, then one whole `def` of a function")
+    name = new[0].name
+    try:
+        old = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        raise ValueError(f"error: {path} does not parse")
+    if not old:
+        raise ValueError(f"error: no function {name!r} in {path}")
+    first = min([old[-1].lineno] + [d.lineno for d in old[-1].decorator_list])
+    lines = source.splitlines(keepends=True)
+    out = "".join(lines[:first - 1]) + definition + "".join(lines[old[-1].end_lineno:])
+    if len(out) > MAX_FILE_CHARS:
+        raise ValueError(f"error: {path} would exceed {MAX_FILE_CHARS} characters")
+    try:
+        ast.parse(out)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        raise ValueError(f"error: {path} would not parse after the edit")
+    return out, name
+
+
+def parse_action(tok, tokens):
+    """The sampled ids of one turn -> (action, payload text). ValueError (a one-line error the model
+    reads) unless they are one action token, a raw payload without special tokens, and <|end|>."""
+    ids, end = tok.tool_ids, tok.tool_ids["<|end|>"]
+    names = {ids[f"<|{a}|>"]: a for a in ACTIONS}
+    if not tokens or tokens[0] not in names:
+        raise ValueError("error: an action starts with " + ", ".join(f"<|{a}|>" for a in ACTIONS))
+    if tokens[-1] != end:
+        raise ValueError("error: the action was not closed by <|end|>")
+    body = tokens[1:-1]
+    if any(t >= tok.eot_id for t in body):
+        raise ValueError("error: one action per turn, and no special token inside it")
+    return names[tokens[0]], tok.decode(body)
+
+
+# A run of repository code in the sandbox: the program builds the repository's modules in memory (the
+# child is chrooted into an empty directory and cannot import from disk), from the files as string
+# literals, so no file's text can break out of them; `entry` is then called on each input.
+RepoRun = collections.namedtuple("RepoRun", "task_id program entry_point inputs outputs test")
+
+_LOADER = """
+import sys as _sys
+import _frozen_importlib as _fi
+class _RepoFinder:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name + ".py" in _FILES:
+            return _fi.ModuleSpec(name, cls, origin=name + ".py")
+    @staticmethod
+    def create_module(spec):
+        return None
+    @staticmethod
+    def exec_module(module):
+        exec(compile(_FILES[module.__name__ + ".py"], module.__name__ + ".py", "exec"), module.__dict__)
+_sys.meta_path.insert(0, _RepoFinder)
+"""
+
+
+def repo_program(files, tail):
+    return f"_FILES = {dict(files)!r}\n{_LOADER}{tail}\n"
+
+
+def visible_run(task, repo):
+    """The visible tests of the agent's copy as a RepoRun (each test_* function of its test file, one
+    call each), or a one-line error (ValueError) when the file holds none."""
+    try:
+        names = [n.name for n in ast.parse(repo[task.test_file]).body
+                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        names = []
+    if not names:
+        raise ValueError(f"error: {task.test_file} holds no test function")
+    module = task.test_file.removesuffix(".py")
+    call = f"import {module} as _tests\ndef run_test(name):\n    getattr(_tests, name)()"
+    program = repo_program(repo, call)
+    return RepoRun(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names),
+                   None)
+
+
+def hidden_run(task, repo):
+    """The judge: the task's hidden tests (held by the task, never in any file) on the agent's modules,
+    without its test file."""
+    files = {p: t for p, t in repo.items() if p != task.test_file}
+    program = repo_program(files, f"from {task.module} import {task.entry_point} as _judged")
+    return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs, None)
+
+
+def test_report(result):
+    """A visible test run as the agent reads it."""
+    if result.outcome == "sandbox_error":
+        return "error: the test run failed in the harness; run the tests again"
+    head = f"{result.n_passed} passed, {result.n_tests - result.n_passed} failed"
+    return head if result.passed else f"{head}\n{result.feedback}"
+
+
+class Tools:
+    """The repository agent's tool set (engine.run_episodes runs it): ls, read, edit, test, submit on
+    the episode's own copy of the task's files. actions: the ones allowed (the no-tools and oracle
+    baselines allow edit and submit only); inline: files written into the prompt (the oracle: all);
+    max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors)."""
+    stop_tokens = ("<|end|>",)
+
+    def __init__(self, actions=ACTIONS, max_actions=8, max_errors=2, inline=False):
+        self.actions, self.max_turns, self.max_errors, self.inline = actions, max_actions, max_errors, inline
+
+    def prompt(self, task):
+        return render_issue(task, sorted(task.files) if self.inline else ())
+
+    def start(self, task):
+        return {"repo": dict(task.files), "actions": [], "errors": 0, "end": "step_limit"}
+
+    def feed_ids(self, tok, text):
+        return [tok.tool_ids["<|obs|>"]] + tok.encode(text) + [tok.tool_ids["<|/obs|>"]]
+
+    def step(self, tok, pool, items, more):
+        """items: (task, episode, sample) of the turn's live rows. Each action is applied to its own
+        episode's repository; the turn's test runs go to the sandbox in one batch. A malformed action
+        (parse_action) is a format error; a tool's own error (a missing file, an edit that does not
+        parse) is an observation like any other. Returns each row's observation (None: it is over)."""
+        obs, runs = [], []
+        for i, (task, e, x) in enumerate(items):
+            act = {"action": None, "path": None, "error": None}
+            try:
+                act["action"], payload = parse_action(tok, x["tokens"])
+            except ValueError as err:
+                e["errors"] += 1
+                act["error"], text = "format", str(err)
+            else:
+                try:
+                    if act["action"] not in self.actions:
+                        raise ValueError(f"error: <|{act['action']}|> is not available here")
+                    text = self.apply(task, e, act["action"], payload, act, runs, i)
+                except ValueError as err:
+                    act["error"], text = "tool", str(err)
+            e["actions"].append(act)
+            if act["action"] == "submit" and not act["error"]:
+                e["end"], text = "submit", None
+            elif e["errors"] >= self.max_errors:
+                e["end"], text = "format_errors", None
+            elif not more:
+                text = None                                  # the step limit: e["end"] stays "step_limit"
+            obs.append(text)
+        runs = [(i, run) for i, run in runs if obs[i] is not None]
+        for (i, _), r in zip(runs, pool.run_batch([run for _, run in runs], [""] * len(runs))):
+            obs[i] = test_report(r)
+        return obs
+
+    def apply(self, task, e, name, payload, act, runs, i):
+        """One action on e["repo"]: its observation (a test run's is filled in after the batch)."""
+        repo = e["repo"]
+        if name == "ls":
+            return "\n".join(sorted(repo))
+        if name == "read":
+            act["path"] = check_path(repo, payload)
+            return cap(repo[act["path"]])
+        if name == "edit":
+            path, _, definition = payload.partition("\n")
+            act["path"] = check_path(repo, path)
+            repo[act["path"]], act["function"] = replace_function(repo[act["path"]], definition, act["path"])
+            return f"replaced {act['function']} in {act['path']}"
+        if name == "test":
+            runs.append((i, visible_run(task, repo)))
+            return ""                                 # filled in after the turn's batch
+        return ""                                     # submit: the episode is over
+
+    def finish(self, pool, items):
+        """The judge's verdict on each episode's final repository: its "result"."""
+        results = pool.run_batch([hidden_run(t, e["repo"]) for t, e in items], [""] * len(items))
+        for (_, e), r in zip(items, results):
+            e["result"] = r
+
 
 HACK_PATTERNS = {  # suspicious constructs, counted in RL logs (the sandbox scores them 0 anyway)
     "exit": r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|(?<![\w.])(exit|quit)\s*\(",
@@ -396,6 +667,9 @@ class SandboxPool:
                 time.sleep(0.5)
 
     def _job(self, task, completion):
+        if isinstance(task, RepoRun):          # a repository's code (tools): the program is built already
+            return {"program": task.program, "entry": task.entry_point,
+                    "inputs": [encode((tuple(a), {})) for a in task.inputs], "test": None, "prompt": ""}
         if not any(l.strip() and not l.strip().startswith("#") for l in completion.splitlines()):
             return None
         if task.inputs is None and task.test is None:

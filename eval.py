@@ -141,9 +141,9 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                                                         [s["completion"] for s in b]))
     t0 = time.time()
     if turns > 1:
-        episodes = engine.run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens,
-                                       top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
-                                       progress=progress)
+        episodes = engine.run_episodes(model, tok, tasks, n, env.Feedback(turns), pool, temperature,
+                                       max_new_tokens, top_p=top_p, top_k=top_k, batch_size=batch_size,
+                                       generator=gen, progress=progress)
         # an episode is scored as its last attempt; its length is every token the model wrote
         samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]}
                    for e in episodes]

@@ -43,9 +43,10 @@ from data import corpus
 from infra import fast
 import env
 from data import repair
+from data import repos
 from data import tasks
 from model import GPT, GPTConfig, MoE
-from infra.surgery import extend_context, upcycle
+from infra.surgery import add_tokens, extend_context, upcycle
 from data.tokenizer import Tokenizer
 
 # Presets. A name with a flag is a default that the flag overrides; the others (n_head, n_kv_head,
@@ -57,14 +58,14 @@ from data.tokenizer import Tokenizer
 ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
         "expert_hidden", "balance")
 PRESETS = {
-    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.0,
+    "smoke": dict(vocab_size=512, tok_train_mb=0.2, source_mb=0.3, tasks_n=600, repair_frac=0.0, agent_n=0,
                   holdout_n=200, mix="stdlib=0.5,tasks=0.5", n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
                   n_expert=4, top_k=2, n_shared_expert=1, expert_hidden=64, balance="bias",
                   seq_len=128, micro_batch=8, batch_tokens=2048, max_steps=16, warmup_steps=4, lr=3e-3,
                   log_every=4, eval_every=8, val_tokens=2048, sample_every=8, sample_tokens=24, ckpt_every=8),
     # cpu: 4.9M tokens on 2 cores. Sized for the RL after it, not for its own loss: a longer pretraining
     # left RL more to build on (Finding 1; docs/results.md).
-    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0,
+    "cpu": dict(vocab_size=4096, tok_train_mb=2.0, source_mb=6.0, tasks_n=30000, repair_frac=0.0, agent_n=0,
                 holdout_n=1000, mix="stdlib=0.35,tasks=0.65", n_layer=4, n_embd=128, n_head=4, n_kv_head=2,
                 n_expert=8, top_k=2, n_shared_expert=1, expert_hidden=128, balance="bias",
                 seq_len=256, micro_batch=16, batch_tokens=4096, max_steps=1200, warmup_steps=50, lr=3e-3,
@@ -74,7 +75,7 @@ PRESETS = {
     # The built-in corpus is small (stdlib ~3.5M tokens, repeated), so the generated tasks carry most
     # of it; add --data for real code.
     "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.0,
-                holdout_n=1000,
+                agent_n=0, holdout_n=1000,
                 mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
                 top_k=2, n_shared_expert=1, expert_hidden=512, balance="bias",
                 seq_len=1024, micro_batch=32, batch_tokens=131072, max_steps=5000, warmup_steps=200,
@@ -102,12 +103,14 @@ a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra sour
   "*.py files) or a .jsonl file (a \"text\" field per line); repeatable; NAME: data, data2, ...; weight it "
   "in --mix")
 a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built in: stdlib (this "
-  "interpreter's Python stdlib), tasks (solved env train-split tasks)")
+  "interpreter's Python stdlib), tasks (solved env train-split tasks), agent (oracle tool-use transcripts "
+  "of repository tasks, --agent-n; needs --init-from: its tokenizer gets the tool tokens)")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
 a("--task-difficulties", default="", help="difficulty levels of those tasks, as train_rl.py's --difficulties "
   "(e.g. 1-5: every level equally often); empty = the task world's own mix, mostly 3-4 step programs")
 a("--repair-frac", type=float, help="fraction of those tasks that also get a repair transcript (repair.py: a "
   "wrong body, the sandbox's feedback, the fix); 0 = none")
+a("--agent-n", type=int, help="train repository tasks in the agent source (data/repos.py transcripts)")
 a("--source-mb", type=float, help="cap per source in MB (deterministic subsample by path/line hash; 0 = all)")
 a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose functions and prompts "
   "never reach training; HumanEval's and the canaries' are always excluded")
@@ -200,6 +203,13 @@ if init is None:   # a bad architecture is refused now, before any data is prepa
     except ValueError as e:
         common.die(str(e))
 user_data, mix = corpus.parse_sources(args.data, args.mix)
+if "agent" in mix:   # the bootstrap of the agent (data/repos.py transcripts): a base model learns the tools
+    if tok is None:
+        common.die("--mix agent=...: the agent transcripts need --init-from (a base model whose tokenizer "
+                   "gets the tool tokens)")
+    if args.agent_n < 1:
+        common.die("--mix agent=...: give --agent-n N (repository tasks to write transcripts of)")
+    tok = tok if tok.tools else tok.with_tools()   # the tool tokens after every old id (surgery.add_tokens)
 
 T = args.seq_len
 mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batch, "micro_batch" in given)
@@ -238,9 +248,9 @@ if args.dry_run:
 # What the prepared data depends on: these settings, --init-from's tokenizer (a resumed run's own was
 # trained from this data), the --data files as they are now, this interpreter (the stdlib source) and
 # the code that makes the data.
-PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "source_mb",
+PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "agent_n", "source_mb",
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
-DATA_CODE = ("corpus", "tasks", "world", "families", "repair", "tokenizer")
+DATA_CODE = ("corpus", "tasks", "world", "families", "repair", "repos", "tokenizer")
 
 
 def prepared_data():
@@ -269,7 +279,8 @@ def prepared_data():
     elif master:   # the leak filter, and the "tasks" source: solved train tasks (+ repairs)
         index = tasks.heldout_index(args.holdout_n)
         prep = corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
-                              lambda: repair.tasks_source(args))
+                              {"tasks": lambda: repair.tasks_source(args),
+                               "agent": lambda: repos.agent_source(args)})
         with common.atomic_open(manifest) as f:
             json.dump(prep, f)
     deadline = time.time() + 60 * PREP_WAIT_MIN
@@ -340,6 +351,8 @@ else:
         if master:
             print(f"context extension {old.seq_len} -> {T}: rope_theta {old.rope_theta:g} -> {theta:g}",
                   file=sys.stderr)
+if tok.vocab_size > model.config.vocab_size and tok.tools and init is not None and not resume:
+    model = add_tokens(model, tok.vocab_size)      # the tool tokens' rows (surgery.py), before any step
 if tok.vocab_size > model.config.vocab_size:
     common.die(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
 raw = model.to(device)

@@ -33,7 +33,7 @@ from infra import common
 from data import tokenizer
 from data.tokenizer import Tokenizer, train_tokenizer
 
-BUILT_IN = ("stdlib", "tasks")
+BUILT_IN = ("stdlib", "tasks", "agent")
 
 
 def parse_sources(specs, mix_spec):
@@ -154,13 +154,14 @@ def read_jsonl(path, skipped, field="text", max_kb=1024):
             yield text
 
 
-def load_source(name, path, skipped, args, task_docs=None):
-    """One source's documents, capped at --source-mb. task_docs: a function returning the "tasks"
-    source's documents (train_pretrain.py builds it from data/tasks.py and data/repair.py)."""
+def load_source(name, path, skipped, args, generated=None):
+    """One source's documents, capped at --source-mb. generated: {name: a function returning that
+    source's documents}, for the generated sources (train_pretrain.py builds "tasks" from data/tasks.py
+    and data/repair.py, "agent" from data/repos.py's oracle transcripts)."""
     if name == "stdlib":   # the running interpreter's stdlib (heldout_code_texts reads the same files)
         docs = stdlib_docs(skipped, args.max_file_kb)
-    elif name == "tasks":  # solved train-split tasks (and their repair transcripts): the caller's generator
-        docs = task_docs()
+    elif name in BUILT_IN:  # solved train-split tasks (and their repair transcripts), agent transcripts
+        docs = generated[name]()
     elif os.path.isdir(path):
         exts = {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
         docs = read_text_files(path, exts, skipped, max_kb=args.max_file_kb)
@@ -173,9 +174,16 @@ def load_source(name, path, skipped, args, task_docs=None):
 # Tokens: context-only ids (repair transcripts) and the caches
 
 def encode_doc(tok, doc):
-    """A repair transcript's ids, its wrong attempt and feedback stored as id + vocab_size: context the
-    model reads, never a target (inputs_targets). The cuts sit after newlines, so the ids are those of
-    the whole."""
+    """A transcript's ids, with its context stored as id + vocab_size: read by the model, never a
+    target (inputs_targets). A repair transcript's context is its wrong attempt and feedback (cuts after
+    newlines, so the ids are those of the whole); an agent transcript's (data/repos.py) is its issue
+    and observations, given as segments (text or a special token's name, context or not)."""
+    if hasattr(doc, "segments"):
+        ids = []
+        for piece, context in doc.segments:
+            part = [tok.specials[piece]] if piece in tok.specials else tok.encode(piece)
+            ids += [i + tok.vocab_size for i in part] if context else part
+        return ids
     a, b = doc.context
     return tok.encode(doc[:a]) + [i + tok.vocab_size for i in tok.encode(doc[a:b])] + tok.encode(doc[b:])
 
@@ -186,14 +194,14 @@ def inputs_targets(xy, vocab_size):
     return xy[..., :-1] % vocab_size, torch.where(xy[..., 1:] >= vocab_size, -1, xy[..., 1:])
 
 
-def split_sources(args, mix, user_data, heldout, task_docs=None):
+def split_sources(args, mix, user_data, heldout, generated=None):
     """{name: (train, val)} lists of (hash, document): deduped, held-out documents dropped, split by
     content hash (--val-frac); and per source the counts of documents kept and skipped. heldout(doc)
     is the leak filter (data/tasks.py: is_heldout): what it flags never reaches training."""
     info, splits = {}, {}
     for name in mix:
         skipped, seen, train, val = Counter(), set(), [], []
-        for doc in load_source(name, user_data.get(name), skipped, args, task_docs):
+        for doc in load_source(name, user_data.get(name), skipped, args, generated):
             h = doc_hash(doc)
             if h in seen or heldout(doc):
                 skipped["duplicate" if h in seen else "heldout"] += 1
@@ -227,10 +235,10 @@ def cached_tokenizer(args, splits, mix, cache_dir):
     return tok
 
 
-def prepare(args, mix, user_data, tok, cache_dir, heldout, task_docs=None):
+def prepare(args, mix, user_data, tok, cache_dir, heldout, generated=None):
     """Load, dedupe, filter, split, (train the tokenizer if `tok` is None), tokenize into caches keyed
     by tokenizer + documents. Rank 0 only; the result (plain data) is broadcast to the others."""
-    splits, info = split_sources(args, mix, user_data, heldout, task_docs)
+    splits, info = split_sources(args, mix, user_data, heldout, generated)
     os.makedirs(cache_dir, exist_ok=True)
     if tok is None:
         tok = cached_tokenizer(args, splits, mix, cache_dir)
@@ -246,7 +254,7 @@ def prepare(args, mix, user_data, tok, cache_dir, heldout, task_docs=None):
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     part = [d for _, d in docs[i:i + 512]]
                     for d, ids in zip(part, tok.encode_batch(part)):
-                        ids = encode_doc(tok, d) if hasattr(d, "context") else ids   # a repair transcript
+                        ids = encode_doc(tok, d) if hasattr(d, "context") else ids   # a transcript
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 

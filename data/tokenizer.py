@@ -34,6 +34,11 @@ import tiktoken
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
 FORMAT = "codebpe-v1"
+# The agent's tool format (env.py, "tools"): one special token opens each action, <|end|> closes it,
+# and an observation is fed between <|obs|> and <|/obs|>: raw text between delimiters, no JSON escaping
+# (nanochat's tool use: special tokens around a raw payload). A tokenizer has them only after
+# with_tools() (infra/surgery.py add_tokens gives the model their rows): the base recipe never sees them.
+TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|end|>", "<|obs|>", "<|/obs|>")
 
 # Split pattern: GPT-4's cl100k pattern adapted to code. Kept from GPT-4: words with one optional
 # leading space/punctuation char, digits in groups of 1-3, punctuation runs with an optional leading
@@ -173,18 +178,27 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> "Tokenizer":
 
 
 class Tokenizer:
-    """Thin wrapper around a tiktoken.Encoding; ids 0..n-1 are BPE ranks, then EOT, PAD."""
+    """Thin wrapper around a tiktoken.Encoding; ids 0..n-1 are BPE ranks, then EOT, PAD, and with
+    tools=True the TOOL_TOKENS (ids in `tool_ids`, by their text)."""
 
-    def __init__(self, ranks: list[bytes], pattern: str = PATTERN, name: str = FORMAT):
-        self.ranks, self.pattern, self.name = list(ranks), pattern, name
+    def __init__(self, ranks: list[bytes], pattern: str = PATTERN, name: str = FORMAT, tools: bool = False):
+        self.ranks, self.pattern, self.name, self.tools = list(ranks), pattern, name, tools
         n = len(self.ranks)
-        self.eot_id, self.pad_id, self.vocab_size = n, n + 1, n + 2
+        self.eot_id, self.pad_id = n, n + 1
+        self.tool_ids = {t: n + 2 + i for i, t in enumerate(TOOL_TOKENS)} if tools else {}
+        self.specials = {EOT: self.eot_id, PAD: self.pad_id, **self.tool_ids}
+        self.vocab_size = n + len(self.specials)
         self.enc = tiktoken.Encoding(
             name=name, pat_str=pattern, mergeable_ranks={t: i for i, t in enumerate(self.ranks)},
-            special_tokens={EOT: self.eot_id, PAD: self.pad_id}, explicit_n_vocab=self.vocab_size)
+            special_tokens=self.specials, explicit_n_vocab=self.vocab_size)
 
-    # Special-token text in the input is ordinary text: a code file that mentions "<|endoftext|>"
-    # must not be able to inject a document boundary. EOT/PAD are only ever added by id.
+    def with_tools(self) -> "Tokenizer":
+        """The same tokenizer plus the tool tokens, at the ids after PAD (every other id unchanged)."""
+        return Tokenizer(self.ranks, self.pattern, self.name, tools=True)
+
+    # Special-token text in the input is ordinary text: a code file that mentions "<|endoftext|>" (or
+    # "<|obs|>") must not be able to inject a document boundary or a tool call. Specials are only ever
+    # added by id.
     def encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
@@ -200,7 +214,7 @@ class Tokenizer:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "name": self.name, "pattern": self.pattern,
                 "ranks": [base64.b64encode(t).decode("ascii") for t in self.ranks],
-                "special_tokens": {EOT: self.eot_id, PAD: self.pad_id}}
+                "special_tokens": dict(self.specials)}
 
     def fingerprint(self) -> str:
         """Stable hash of ranks + pattern + specials: token caches and checkpoints are keyed by it."""
@@ -219,10 +233,12 @@ class Tokenizer:
             raise ValueError(f"malformed tokenizer dict: {e!r}") from None
         if ranks[:256] != [bytes([i]) for i in range(256)] or len(set(ranks)) != len(ranks):
             raise ValueError("tokenizer ranks must start with the 256 single bytes and be unique")
-        if specials != {EOT: len(ranks), PAD: len(ranks) + 1}:
+        base = {EOT: len(ranks), PAD: len(ranks) + 1}
+        tools = {t: len(ranks) + 2 + i for i, t in enumerate(TOOL_TOKENS)}
+        if specials not in (base, {**base, **tools}):
             raise ValueError(f"unexpected special tokens {specials!r}")
         try:
-            return Tokenizer(ranks, pattern, d.get("name", FORMAT))
+            return Tokenizer(ranks, pattern, d.get("name", FORMAT), tools=specials != base)
         except Exception as e:   # e.g. a pattern the regex engine rejects
             raise ValueError(f"tiktoken rejected the tokenizer: {e!r}") from None
 

@@ -277,8 +277,8 @@ def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
     whatever --source-mb); hashing, the leak filter and tokenizing those and the first `sample_mb` MB
     of every other source, times each source's size (capped at --source-mb); training the tokenizer
     at --vocab-size on the sample, times the --tok-train-mb it trains on (none when `tok`, e.g.
-    --init-from's, is given); the held-out index, as it is. Repair transcripts (--repair-frac: sandbox
-    runs) are not counted. About 2 s; `bench.py gpu-check` reports the measured time beside it."""
+    --init-from's, is given); the held-out index, as it is. Repair and agent transcripts (--repair-frac,
+    --agent-n: sandbox runs) are not counted. About 2 s; `bench.py gpu-check` reports the measured time beside it."""
     import math
     import time
     from collections import Counter
@@ -294,6 +294,9 @@ def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
     gen_s, task_bytes = (clock() - t) / n_tasks, sum(map(len, task_texts)) / n_tasks
     samples, sizes = {}, {}
     for name in mix:
+        if name == "agent":
+            samples[name], sizes[name] = [], 0
+            continue
         if name == "tasks":
             kept = min(args.tasks_n, math.ceil(args.source_mb * 1e6 / task_bytes)) if args.source_mb else args.tasks_n
             samples[name], sizes[name] = task_texts, kept * task_bytes

@@ -291,77 +291,78 @@ def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=
     return out
 
 
-def run_episodes(model, tok, tasks, n, turns, pool, temperature, max_new_tokens, top_p=1.0, top_k=0,
-                 batch_size=64, generator=None, return_routes=False, fractional=False, progress=False):
-    """n episodes per task of up to `turns` attempts, rows task by task (the n episodes of task i
-    are contiguous, the group RL needs), batch_size rows at a time through all their turns.
+def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p=1.0, top_k=0,
+                 batch_size=64, generator=None, return_routes=False, progress=False):
+    """THE episode loop: RL, eval and agent.py run every multi-turn rollout through it. n episodes per
+    task, rows task by task (the n episodes of task i are contiguous, the group RL needs), batch_size
+    rows at a time through all their turns. `tools` is the episode's tool set (env.py): env.Feedback,
+    the docstring's examples after each attempt (--turns); env.Tools, a repository worked through
+    actions (the agent). The tool set writes the prompt, answers each turn (step: an observation, or
+    None when the episode is over) and judges the end (finish).
 
-    An episode ends when its attempt passes the visible examples, when the turn budget is spent,
-    when the task has no visible examples, or when another turn would not fit the context. Each
-    further turn continues the row's KV cache (generate's past): the feedback is appended,
-    nothing is re-read. The hidden tests judge every attempt (for the self-repair curve); the
-    reward is the verdict on the last one. Returns per episode {"task_idx", "turns": one sample per
-    attempt (as_sample's dict, prompt_ids = the tokens fed that turn, plus "feedback": the
-    text appended after it, "" for the last, and "visible_passed": the verdict of the docstring's
-    examples, None where they were not run), "results": the hidden-test Result of each attempt,
-    "result": the last one, or the sandbox_error of a visible-example run that failed}."""
-    prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
-    visible = [env.visible_task(t) for t in tasks]
+    Each further turn continues the row's KV cache (generate's past): the turn's last token (unless it
+    was end-of-text) and the observation are fed on top of it, nothing is re-read, nothing is
+    re-tokenised. An episode also ends when another turn would not fit the context. Returns per
+    episode {"task_idx", "turns": one sample per turn (as_sample's dict, prompt_ids = the ids fed that
+    turn, plus "feedback": the observation fed after it, "" for the last), "result": the judge's
+    Result, and what the tool set keeps (Feedback: "results" per attempt; Tools: "repo", "actions",
+    "end")}. The tokens a trainer scores are exactly those sampled: rl.algo.flatten joins each turn's
+    prompt_ids and tokens back into this stream."""
+    prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
+    stop = [tok.eot_id] + [tok.tool_ids[t] for t in tools.stop_tokens]
     rows = [i for i in range(len(tasks)) for _ in range(n)]
     episodes, was_training = [], model.training
     model.eval()
     try:
         for s in tqdm(range(0, len(rows), batch_size), desc="episodes", disable=not progress, leave=False):
             chunk = rows[s:s + batch_size]
-            eps = [{"task_idx": i, "turns": [], "results": []} for i in chunk]
+            eps = [{"task_idx": i, "turns": [], **tools.start(tasks[i])} for i in chunk]
             feeds, pasts = {j: prompts[i] for j, i in enumerate(chunk)}, {}   # what row j feeds next
-            for turn in range(turns):
-                live, more = sorted(feeds), turn < turns - 1
+            for turn in range(tools.max_turns):
+                live, more = sorted(feeds), turn < tools.max_turns - 1
                 if not live:
                     break
                 gens = fast.generate(model, [feeds[j] for j in live], max_new_tokens,   # autocast inside
-                                        temperature=temperature, top_k=top_k, top_p=top_p,
-                                        stop_ids=[tok.eot_id], generator=generator,
-                                        return_routes=return_routes, return_past=more,
-                                        past=[pasts[j] for j in live] if turn else None)
+                                     temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=stop,
+                                     generator=generator, return_routes=return_routes, return_past=more,
+                                     past=[pasts[j] for j in live] if turn else None)
                 samples = [as_sample(tok, g, chunk[j], feeds[j], turn == 0 and truncated[chunk[j]])
                            for j, g in zip(live, gens)]
-                hidden = pool.submit_batch([tasks[x["task_idx"]] for x in samples],
-                                           [x["completion"] for x in samples], fractional)
-                check = [(j, x) for j, x in zip(live, samples) if more and visible[x["task_idx"]] is not None]
-                seen = pool.run_batch([visible[x["task_idx"]] for _, x in check],
-                                      [x["completion"] for _, x in check])
-                seen = {j: r for (j, _), r in zip(check, seen)}
                 old, feeds, pasts = {j: x.pop("past", None) for j, x in zip(live, samples)}, {}, {}
-                for j, x, r in zip(live, samples, hidden.result()):
+                items = [(tasks[x["task_idx"]], eps[j], x) for j, x in zip(live, samples)]
+                said = tools.step(tok, pool, items, more)     # the observations: what the tools answered
+                for j, x, text in zip(live, samples, said):
                     eps[j]["turns"].append(x)
-                    eps[j]["results"].append(r)
                     x["feedback"] = ""
-                    v = seen.get(j)
-                    x["visible_passed"] = None if v is None else v.passed   # None: not run (last turn)
-                    if v is not None and v.outcome == "sandbox_error":   # the harness failed, not the model:
-                        eps[j]["lost"] = v                                # the episode is not scored
-                    if v is None or v.passed or v.outcome == "sandbox_error":
+                    if text is None:
                         continue
-                    fb, feed = feedback_feed(tok, tasks[x["task_idx"]], x, v)
+                    feed = next_feed(tok, tools, x, text)
                     if old[j].size(3) + len(feed) + max_new_tokens <= model.config.seq_len:
-                        x["feedback"], feeds[j], pasts[j] = fb, feed, old[j]
-            for e in eps:
-                e["result"] = e.pop("lost", e["results"][-1])
+                        x["feedback"], feeds[j], pasts[j] = text, feed, old[j]
+                    else:
+                        eps[j]["end"] = "context"
+            tools.finish(pool, [(tasks[e["task_idx"]], e) for e in eps])
             episodes += eps
     finally:
         model.train(was_training)
     return episodes
 
 
-def encode_prompts(model, tok, tasks, max_new_tokens):
+def next_feed(tok, tools, turn, text):
+    """The ids the next turn feeds on top of `turn`'s cache, which holds its prompt_ids + tokens[:-1]:
+    its last token, unless that was end-of-text (a turn cut by max_new_tokens, or one that ended on
+    <|end|>, feeds it now), then the observation as the tool set writes it."""
+    return ([] if turn["stopped"] else turn["tokens"][-1:]) + tools.feed_ids(tok, text)
+
+
+def encode_prompts(model, tok, tasks, max_new_tokens, render=env.render_prompt):
     """Each task's prompt as token ids, and whether it was cut. A prompt longer than the context minus
     the generation budget keeps its END (the signature and docstring to continue sit at the end;
     HumanEval's imports and helpers come first), but never less than half the context: past seq_len,
     RoPE positions the model never trained on cost less than a prompt cut to nothing. Rare with the
     env tasks; flagged per sample."""
     max_prompt = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
-    full = [tok.encode(env.render_prompt(t)) for t in tasks]
+    full = [tok.encode(render(t)) for t in tasks]
     return [p[-max_prompt:] for p in full], [len(p) > max_prompt for p in full]
 
 
@@ -380,18 +381,11 @@ def as_sample(tok, g, task_idx, prompt_ids, prompt_truncated=False):
     return d
 
 
-def feedback_feed(tok, task, attempt, seen):
-    """After a failed attempt (`seen`: its visible-example Result): the feedback text, and the ids a
-    next turn feeds on top of the attempt's cache, which holds prompt + tokens[:-1]. A turn cut by
-    max_new_tokens feeds its last token now; a turn that ended on end-of-text never feeds that token."""
-    fb = env.render_feedback(task, seen, attempt["text"])
-    return fb, ([] if attempt["stopped"] else attempt["tokens"][-1:]) + tok.encode(fb)
-
-
 def repair_prompt(tok, task, attempt, seen):
     """Every id the second turn after a failed first `attempt` reads: what run_episodes' cache holds
     then, as one prompt (train_rl.py --repair-groups samples G repairs from it)."""
-    return attempt["prompt_ids"] + attempt["tokens"][:-1] + feedback_feed(tok, task, attempt, seen)[1]
+    text = env.render_feedback(task, seen, attempt["text"])
+    return attempt["prompt_ids"] + attempt["tokens"][:-1] + next_feed(tok, env.Feedback(2), attempt, text)
 
 
 def resubmits(attempt, previous):

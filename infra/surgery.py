@@ -3,6 +3,7 @@ Models made from other models, for continued pretraining (train_pretrain.py --up
 
     moe = upcycle(dense_model, n_expert=8, top_k=2)   # sparse upcycling: step-0 outputs == dense
     longer, theta = extend_context(model, 1024)      # same weights, RoPE base raised for 1024 tokens
+    wider = add_tokens(model, tok.with_tools().vocab_size)   # rows for the agent's tool tokens
 """
 from dataclasses import replace
 
@@ -67,3 +68,25 @@ def extend_context(model: GPT, seq_len: int) -> tuple[GPT, float]:
     longer = GPT(replace(cfg, seq_len=seq_len, rope_theta=theta))
     longer.load_state_dict(model.state_dict())   # RoPE is computed on the fly: same weights
     return longer, theta
+
+
+# ----------------------------------------------------------------------------------------------
+# New tokens
+
+@torch.no_grad()
+def add_tokens(model: GPT, vocab_size: int) -> GPT:
+    """The model with a vocabulary of `vocab_size` (>= its own): every old weight copied, and each new
+    token's embedding and LM-head row set to the mean of the old ones (Hewitt 2021, "Initializing New
+    Word Embeddings for Pretrained Language Models": the mean keeps the new tokens' logits near the
+    average, where random rows could make them dominate or vanish). Every old token's logits and
+    every forward on old tokens are unchanged; the new rows are learnt in continued pretraining."""
+    old = model.config.vocab_size
+    if vocab_size < old:
+        raise ValueError(f"add_tokens: {vocab_size} < the model's vocabulary {old}")
+    wider = GPT(replace(model.config, vocab_size=vocab_size)).to(model.lm_head.weight.device)
+    sd = model.state_dict()
+    for name in ("wte.weight", "lm_head.weight"):
+        w = sd[name]
+        sd[name] = torch.cat([w, w.mean(0, keepdim=True).expand(vocab_size - old, -1)])
+    wider.load_state_dict(sd)
+    return wider

@@ -147,8 +147,9 @@ def episodes(ctx, tasks, keys, seed, stats):
     visible example, another attempt, up to N). One sample = one episode, rewarded by its last
     attempt's hidden tests; the loss covers every turn the model wrote (rl.algo.flatten)."""
     t0 = time.time()
-    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, turns=ctx.args.turns, pool=ctx.pool,
-                              generator=rng(ctx, seed), fractional=ctx.args.fractional, **sampling_kw(ctx))
+    tools = env.Feedback(ctx.args.turns, ctx.args.fractional)
+    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
+                              **sampling_kw(ctx))
     stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
     for e in eps:
         e["group"] = e["task_idx"]            # a task's G episodes are its group

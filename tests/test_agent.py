@@ -112,8 +112,8 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
     visible example, and the hidden tests judged every attempt."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 3, 3, pool, temperature=1.0, max_new_tokens=12, batch_size=8,
-                             generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 3, env.Feedback(3), pool, temperature=1.0, max_new_tokens=12,
+                              batch_size=8, generator=torch.Generator().manual_seed(0))
     assert [e["task_idx"] for e in eps] == [i for i in range(6) for _ in range(3)]
     assert max(len(e["turns"]) for e in eps) == 3                         # a random model fails and retries
     for e in eps:
@@ -125,7 +125,8 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
         for x, r in zip(e["turns"], e["results"]):
             assert r.outcome == pool.run_batch([t], [x["completion"]])[0].outcome
     # one turn is exactly the single-shot sampler (same generator, same batches)
-    one = engine.run_episodes(model, tok, ts, 3, 1, pool, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
+    one = engine.run_episodes(model, tok, ts, 3, env.Feedback(1), pool, 1.0, 12, batch_size=8,
+                              generator=torch.Generator().manual_seed(0))
     import eval as evaluation
     ref = engine.sample_completions(model, tok, ts, 3, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
     assert [e["turns"][0]["tokens"] for e in one] == [s["tokens"] for s in ref]
@@ -137,7 +138,7 @@ def test_repair_prompt_is_what_the_second_turn_reads(tiny, pool):
     turn 2's feed."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 2, 2, pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(2), pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
     two = [e for e in eps if len(e["turns"]) == 2]
     assert two
     for e in two:
@@ -262,7 +263,7 @@ def test_an_episode_ends_when_another_turn_would_not_fit(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 4, seed=1, difficulties=[1, 2])
     room = model.config.seq_len - min(len(tok.encode(t.prompt)) for t in ts)   # turn 2 cannot fit
-    eps = engine.run_episodes(model, tok, ts, 2, 3, pool, 1.0, room, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(3), pool, 1.0, room, generator=torch.Generator().manual_seed(0))
     assert all(len(e["turns"]) == 1 and e["turns"][0]["feedback"] == "" for e in eps)
 
 
@@ -281,7 +282,8 @@ class LosingPool:
 def test_a_lost_feedback_run_is_not_the_models_failure(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 2, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 2, 3, LosingPool(pool), 1.0, 12, generator=torch.Generator().manual_seed(0))
+    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(3), LosingPool(pool), 1.0, 12,
+                              generator=torch.Generator().manual_seed(0))
     assert all(len(e["turns"]) == 1 and e["result"].outcome == "sandbox_error" for e in eps)
     assert all(e["results"][0].outcome != "sandbox_error" for e in eps)      # the hidden verdict is still kept
 

@@ -57,12 +57,12 @@ def test_read_jsonl_counts_what_it_skips(tmp_path):
 
 def test_tasks_source_keeps_to_the_task_difficulties():
     args = SimpleNamespace(tasks_n=60, seed=0, task_difficulties="1-2", repair_frac=0.0, source_mb=0)
-    docs = list(corpus.load_source("tasks", None, Counter(), args, lambda: repair.tasks_source(args)))
+    docs = list(corpus.load_source("tasks", None, Counter(), args, {"tasks": lambda: repair.tasks_source(args)}))
     wanted = generate_tasks("train", 60, seed=0, difficulties=[1, 2])
     assert {t.difficulty for t in wanted} == {1, 2}
     assert docs == [env.corpus_text(t) for t in wanted]
     args.task_difficulties = ""
-    everything = list(corpus.load_source("tasks", None, Counter(), args, lambda: repair.tasks_source(args)))
+    everything = list(corpus.load_source("tasks", None, Counter(), args, {"tasks": lambda: repair.tasks_source(args)}))
     assert docs != everything and everything == [env.corpus_text(t) for t in generate_tasks("train", 60, seed=0)]
 
 

@@ -1,0 +1,283 @@
+"""The agent's tools (env.py: Tools, parse_action, check_path, replace_function, visible_run,
+hidden_run) and the one episode loop running them (infra/engine.py run_episodes), including hostile
+tool calls: paths outside the repository, edits of the tests, huge outputs, malformed actions.
+python -m pytest tests/test_tools.py -q"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import env
+from data.tokenizer import TOOL_TOKENS, Tokenizer, train_tokenizer
+from infra import engine
+from model import GPT, GPTConfig
+from rl.algo import flatten
+from infra.surgery import add_tokens
+
+CONFIG = '"""Settings."""\n\nBASE_RATE = 7\n'
+MODULE = ('from config import *\n\n\ndef add_rate(n):\n    """Take n, add N (N: the value set in config.py), '
+          'and return the result."""\n    raise NotImplementedError\n')
+TESTS = ('from report import *\n\n\ndef test_1():\n    got = add_rate(3)\n'
+         '    assert got == 10, f"add_rate(3) returned {got!r}, expected 10"\n\n\n'
+         'def test_2():\n    got = add_rate(-1)\n    assert got == 6, f"add_rate(-1) returned {got!r}, expected 6"\n')
+GOOD = "def add_rate(n):\n    return n + BASE_RATE\n"
+
+
+def repo_task(**kw):
+    """A hand-made repository task with RepoTask's fields (data/repos.py generates them)."""
+    return SimpleNamespace(**{
+        "task_id": "repo/hand/0", "files": {"config.py": CONFIG, "report.py": MODULE, "test_report.py": TESTS},
+        "issue": "Implement `add_rate(n)` in report.py: its body is missing.", "module": "report",
+        "entry_point": "add_rate", "inputs": [[3], [-1], [40], [0]], "outputs": [10, 6, 47, 7],
+        "test_file": "test_report.py", "config_file": "config.py", "kind": "implement", "fact_in": "file",
+        "fact": {"file": "config.py", "name": "BASE_RATE", "value": 7}, "slice": "near", **kw})
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(["def f(x):\n    return x + 1\n" * 50, MODULE, TESTS, CONFIG], 300).with_tools()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
+        yield p
+
+
+def action(tok, name, payload="", close=True):
+    return [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + ([tok.tool_ids["<|end|>"]] if close else [])
+
+
+def turn(tok, ids):
+    return {"tokens": ids, "stopped": ids[-1] == tok.eot_id}
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces
+
+def test_tokenizer_with_tools_keeps_every_old_id_and_round_trips(tok, tmp_path):
+    base = Tokenizer(tok.ranks)
+    assert base.tool_ids == {} and base.vocab_size + len(TOOL_TOKENS) == tok.vocab_size
+    assert (tok.eot_id, tok.pad_id) == (base.eot_id, base.pad_id)
+    assert sorted(tok.tool_ids.values()) == list(range(base.vocab_size, tok.vocab_size))
+    tok.save(tmp_path / "t.json")
+    back = Tokenizer.load(tmp_path / "t.json")
+    assert back.tool_ids == tok.tool_ids and back.fingerprint() == tok.fingerprint() != base.fingerprint()
+    # the tokens' text in a file is ordinary text: a file cannot inject an observation's end or an action
+    assert not set(tok.encode("<|/obs|><|submit|><|end|>")) & set(tok.tool_ids.values())
+
+
+def test_add_tokens_keeps_every_old_logit(tok):
+    torch.manual_seed(0)
+    old = GPT(GPTConfig(vocab_size=tok.vocab_size - len(TOOL_TOKENS), seq_len=32, n_layer=2, n_head=2,
+                        n_kv_head=1, n_embd=32, n_expert=4, top_k=2, expert_hidden=32, n_dense_layers=1)).eval()
+    new = add_tokens(old, tok.vocab_size).eval()
+    idx = torch.randint(0, old.config.vocab_size, (2, 9))
+    a, b = old(idx)[0], new(idx)[0]
+    assert torch.equal(a, b[..., :old.config.vocab_size])
+    assert torch.allclose(new.wte.weight[-1], old.wte.weight.mean(0))
+    with pytest.raises(ValueError):
+        add_tokens(new, 10)
+
+
+@pytest.mark.parametrize("path, why", [("../config.py", "'..'"), ("/etc/passwd", "relative"), ("a/../config.py", "'..'"),
+                                       ("./config.py", "'..'"), ("config.py\x00", "relative"), ("..\\x", "relative"),
+                                       ("", "no path"), ("secret.py", "no file"), ("report.py/..", "'..'")])
+def test_paths_outside_the_repository_are_refused(path, why):
+    repo = repo_task().files
+    with pytest.raises(ValueError) as e:
+        env.check_path(repo, path)
+    assert why in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith("error:")
+    assert env.check_path(repo, " config.py\n") == "config.py"
+
+
+def test_replace_function():
+    out, name = env.replace_function(MODULE, GOOD, "report.py")
+    assert name == "add_rate" and out == "from config import *\n\n\n" + GOOD
+    decorated = "import functools\n\n@functools.cache\ndef f(x):\n    return 1\n\n\ndef g():\n    pass\n"
+    assert env.replace_function(decorated, "def f(x):\n    return 2", "m.py")[0] == \
+        "import functools\n\ndef f(x):\n    return 2\n\n\ndef g():\n    pass\n"
+    for bad, why in [("def add_rate(n:\n    return 1", "does not parse"), ("x = 1", "one whole `def`"),
+                     ("def f():\n    pass\ndef g():\n    pass", "one whole `def`"),
+                     ("def other(n):\n    return 1", "no function 'other'"), ("class add_rate: pass", "one whole"),
+                     ("def add_rate(n):\n    return 1\n" + "#" * env.MAX_FILE_CHARS, "exceed")]:
+        with pytest.raises(ValueError) as e:
+            env.replace_function(MODULE, bad, "report.py")
+        assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_parse_action(tok):
+    assert env.parse_action(tok, action(tok, "read", "config.py")) == ("read", "config.py")
+    assert env.parse_action(tok, action(tok, "edit", "report.py\n" + GOOD)) == ("edit", "report.py\n" + GOOD)
+    for ids, why in [(tok.encode("read config.py"), "starts with"), (action(tok, "read", "x", close=False), "not closed"),
+                     (action(tok, "ls")[:-1] + [tok.eot_id], "not closed"), ([], "starts with"),
+                     (action(tok, "read", "a") [:-1] + action(tok, "ls"), "one action per turn"),
+                     ([tok.tool_ids["<|obs|>"]] + tok.encode("x") + [tok.tool_ids["<|end|>"]], "starts with")]:
+        with pytest.raises(ValueError) as e:
+            env.parse_action(tok, ids)
+        assert why in str(e.value)
+
+
+def test_cap_keeps_head_and_tail():
+    text = "".join(f"line {i}\n" for i in range(2000))
+    out = env.cap(text, 200)
+    assert out.startswith("line 0\n") and out.endswith("line 1999\n") and len(out) < 260 and "cut" in out
+    assert env.cap("short") == "short"
+
+
+# ---------------------------------------------------------------------------------------------
+# The sandbox: visible tests on the agent's copy, the judge on hidden tests it alone holds
+
+def test_visible_and_hidden_runs(pool):
+    t = repo_task()
+    fixed = dict(t.files, **{"report.py": env.replace_function(MODULE, GOOD)[0]})
+    wrong = dict(t.files, **{"report.py": env.replace_function(MODULE, "def add_rate(n):\n    return n + 8")[0]})
+    vis = pool.run_batch([env.visible_run(t, r) for r in (t.files, fixed, wrong)], [""] * 3)
+    assert [r.passed for r in vis] == [False, True, False]
+    assert env.test_report(vis[1]) == "2 passed, 0 failed"
+    assert "add_rate(3) returned 11, expected 10" in env.test_report(vis[2])
+    assert "NotImplementedError" in env.test_report(vis[0])
+    hid = pool.run_batch([env.hidden_run(t, r) for r in (t.files, fixed, wrong)], [""] * 3)
+    assert [r.passed for r in hid] == [False, True, False]
+
+
+def test_editing_the_visible_tests_changes_nothing_in_the_reward(pool):
+    """The agent's copy of the test file is its own: rewritten to pass, it passes, and the judge (the
+    task's hidden cases, without the test file) says what it said before."""
+    t = repo_task()
+    hacked = dict(t.files)
+    for name in ("test_1", "test_2"):
+        hacked["test_report.py"] = env.replace_function(hacked["test_report.py"], f"def {name}():\n    pass")[0]
+    assert pool.run_batch([env.visible_run(t, hacked)], [""])[0].passed
+    assert not pool.run_batch([env.hidden_run(t, hacked)], [""])[0].passed
+    # a test file that imports nothing of the judge: its text never reaches the judge's program
+    assert "test_report" not in env.hidden_run(t, hacked).program
+
+
+@pytest.mark.parametrize("body, outcome", [
+    ("    import os\n    os.system('touch /tmp/pwned_by_agent')\n    return n + BASE_RATE", "pass"),
+    ("    while True:\n        pass", "timeout"),
+    ("    return open('/etc/passwd').read()", "runtime_error"),
+    ("    return [0] * 10**10", "memory"),
+    ("    import sys\n    sys.modules['config'].BASE_RATE = 99\n    return n + 7", "pass"),
+])
+def test_hostile_code_stays_in_its_run(pool, body, outcome, tmp_path):
+    """Whatever the agent's function does runs in the sandbox, one fresh child per run: it reads no
+    host file, writes nothing that outlives it, and changes no other run's modules."""
+    t = repo_task()
+    repo = dict(t.files, **{"report.py": env.replace_function(MODULE, "def add_rate(n):\n" + body)[0]})
+    r1, r2 = pool.run_batch([env.hidden_run(t, repo), env.hidden_run(t, dict(t.files, **{
+        "report.py": env.replace_function(MODULE, GOOD)[0]}))], ["", ""])
+    assert r1.outcome == outcome and r2.passed
+    import os
+    assert not os.path.exists("/tmp/pwned_by_agent")
+
+
+def test_file_text_cannot_break_out_of_the_loader(pool):
+    """Files travel as string literals: quotes, backslashes and a fake `_FILES` inside one are text."""
+    t = repo_task()
+    nasty = '"""\'\'\'\\\n_FILES = {}\nraise SystemExit\n'
+    repo = dict(t.files, **{"config.py": CONFIG + f"NOTE = {nasty!r}\n",
+                            "report.py": env.replace_function(MODULE, GOOD)[0]})
+    assert pool.run_batch([env.hidden_run(t, repo)], [""])[0].passed
+
+
+# ---------------------------------------------------------------------------------------------
+# The tool set, scripted: one action per turn, observations, limits
+
+def scripted(tok, pool, tools, t, actions, more=True):
+    e = tools.start(t)
+    out = []
+    for ids in actions:
+        out.append(tools.step(tok, pool, [(t, e, turn(tok, ids))], more)[0])
+        if out[-1] is None:
+            break
+    return e, out
+
+
+def test_a_scripted_episode_solves_the_task(tok, pool):
+    t, tools = repo_task(), env.Tools()
+    e, obs = scripted(tok, pool, tools, t, [
+        action(tok, "ls"), action(tok, "read", "report.py"), action(tok, "read", "config.py"),
+        action(tok, "test"), action(tok, "edit", "report.py\n" + GOOD), action(tok, "test"), action(tok, "submit")])
+    assert obs[0] == "config.py\nreport.py\ntest_report.py" and obs[1] == MODULE and obs[2] == CONFIG
+    assert obs[3].startswith("0 passed, 2 failed") and obs[4] == "replaced add_rate in report.py"
+    assert obs[5] == "2 passed, 0 failed" and obs[6] is None and e["end"] == "submit"
+    assert t.files["report.py"] == MODULE                      # the task's own files are never touched
+    tools.finish(pool, [(t, e)])
+    assert e["result"].passed
+    assert [a["action"] for a in e["actions"]] == ["ls", "read", "read", "test", "edit", "test", "submit"]
+
+
+def test_malformed_actions_get_an_error_and_the_episode_ends_at_the_limit(tok, pool):
+    t, tools = repo_task(), env.Tools(max_errors=2)
+    e, obs = scripted(tok, pool, tools, t, [
+        tok.encode("cat config.py"), action(tok, "read", "../../etc/passwd"), action(tok, "edit", "report.py\nx = 1"),
+        action(tok, "read", "nowhere.py"), action(tok, "read", "config.py", close=False), action(tok, "ls")])
+    assert obs[0].startswith("error: an action starts with")
+    assert obs[1].startswith("error:") and "'..'" in obs[1] and obs[2].startswith("error: an edit is")
+    assert obs[3].startswith("error: no file") and obs[4] is None and e["end"] == "format_errors"
+    assert [a["error"] for a in e["actions"]] == ["format", "tool", "tool", "tool", "format"]
+    assert all(o is None or "\n" not in o for o in obs)
+
+
+def test_huge_outputs_are_capped(tok, pool):
+    t = repo_task()
+    t.files = dict(t.files, **{"config.py": CONFIG + "".join(f"# filler line {i}\n" for i in range(3000))})
+    loud = ("def test_1():\n    print('x' * 10**6)\n    assert False, 'y' * 10**5\n")
+    t.files["test_report.py"] = TESTS + "\n\n" + loud.replace("test_1", "test_3")
+    e, obs = scripted(tok, pool, env.Tools(), t, [action(tok, "read", "config.py"), action(tok, "test")])
+    assert len(obs[0]) < env.OBS_CHARS + 100 and "characters cut" in obs[0] and obs[0].endswith("2999\n")
+    assert len(obs[1]) < env.OBS_CHARS and obs[1].startswith("0 passed, 3 failed")
+
+
+def test_no_tools_baseline_allows_only_edit_and_submit(tok, pool):
+    t, tools = repo_task(), env.Tools(actions=("edit", "submit"), max_actions=1)
+    e, obs = scripted(tok, pool, tools, t, [action(tok, "read", "config.py")], more=False)
+    assert e["actions"][0]["error"] == "tool" and obs == [None]
+    assert "config.py" not in tools.prompt(t) and "BASE_RATE = 7" in env.Tools(inline=True).prompt(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop with the tool set: one token stream per episode, exactly the tokens sampled
+
+def test_tool_episodes_are_one_token_stream_of_sampled_and_fed_tokens(tok, pool):
+    """A random model whose tool rows are loud, so that it acts, errs, reads and ends: each episode is
+    one stream; decoded, it is the text the harness showed; every fed observation is the tool set's
+    ids of the text it answered (never re-tokenised); the tokens flatten scores are the tokens
+    sampled, with their log-probs; the KV cache is kept (each turn's prompt_ids are only what is new)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=1024, n_layer=2, n_head=2, n_kv_head=1, n_embd=32,
+                          n_expert=4, top_k=2, expert_hidden=32, n_dense_layers=1))
+    with torch.no_grad():
+        model.wte.weight[:, 0] = 30.0          # a constant direction in the residual stream that the tool rows read
+        for name, w in (("<|ls|>", 1.3), ("<|read|>", 1.1), ("<|test|>", 1.1), ("<|submit|>", 0.6), ("<|end|>", 1.35)):
+            model.lm_head.weight[tok.tool_ids[name], 0] = w
+    t = repo_task()
+    tools = env.Tools(max_actions=6, max_errors=5)
+    eps = engine.run_episodes(model, tok, [t, t], 3, tools, pool, temperature=1.0, max_new_tokens=16,
+                              batch_size=4, generator=torch.Generator().manual_seed(1), return_routes=True)
+    assert [e["task_idx"] for e in eps] == [0, 0, 0, 1, 1, 1]
+    fed = 0
+    for e in eps:
+        assert e["end"] in ("submit", "format_errors", "step_limit", "context") and "result" in e
+        first = e["turns"][0]
+        assert first["prompt_ids"] == tok.encode(tools.prompt(t))
+        for a, b in zip(e["turns"], e["turns"][1:]):
+            assert b["prompt_ids"] == engine.next_feed(tok, tools, a, a["feedback"]) and a["feedback"]
+            fed += 1
+        assert e["turns"][-1]["feedback"] == ""
+        ids, cols, tokens, lps = flatten(e)
+        assert tokens == [x for s in e["turns"] for x in s["tokens"]]
+        assert lps == [x for s in e["turns"] for x in s["logprobs"]]
+        assert [ids[c + 1] for c in cols[:-1]] == tokens[:-1]            # each column predicts the next sampled id
+        assert sum(s["routes"].size(1) for s in e["turns"]) == len(ids)  # router replay covers every turn
+        text = tok.decode(engine.context_ids(e))
+        want = tools.prompt(t) + "".join(tok.decode(s["tokens"]) + (f"<|obs|>{s['feedback']}<|/obs|>"
+                                                                   if s["feedback"] else "") for s in e["turns"])
+        assert text == want
+        assert len(e["actions"]) == len(e["turns"])
+    assert fed >= 3                                                       # observations were fed
+    done = [(a["action"], a["error"]) for e in eps for a in e["actions"]]
+    assert {("ls", None), ("test", None), ("read", "tool"), (None, "format")} <= set(done)
+    assert any(s["feedback"].startswith("0 passed, 2 failed") for e in eps for s in e["turns"])
