@@ -44,6 +44,7 @@ from data import corpus
 from infra import engine, fast
 import env
 from rl.algo import pass_at_k
+from data.repos import counterfactual, generate_repo_tasks
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint): task
@@ -51,13 +52,18 @@ from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficu
 # 164 problems say as much; held-out difficulty 1-2, the levels a model of the cpu preset's size can
 # solve (the world's own mix is mostly levels 4-5, where every model here scores ~0). gpu: the full
 # sets, longer generations, the world's own mix.
+# agent_tasks, agent_samples: --agent's repository tasks and episodes per task (settings; an episode
+# is several generations).
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
-                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False),
+                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False,
+                  agent_tasks=4, agent_samples=2),
     "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128, difficulties="1-2",
-                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False),
+                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False,
+                agent_tasks=60, agent_samples=4),
     "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256, difficulties="",
-                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False),
+                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False,
+                agent_tasks=300, agent_samples=8),
 }
 
 
@@ -459,6 +465,141 @@ def evaluate_checkpoints(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# Mode 3 (--agent): repository tasks worked through tools, against no tools and an all-files oracle
+
+def agent_suites(n_tasks, seed, levels):
+    """What the agent eval measures, {name: (repository tasks, tool set)}, the same tasks for every
+    checkpoint: the agent on tasks whose fact is in a file (the main set, per slice); the same
+    repositories with the fact stated in the issue (the control); no tools, one edit from the issue
+    text alone; the oracle, one edit with every file inlined in the prompt; and the counterfactual
+    twins (data/repos.py: the fact changed in the file the agent reads)."""
+    test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
+    one_edit = dict(actions=("edit", "submit"), max_actions=1)
+    return {"agent": (test, env.Tools()),
+            "agent/fact_in_prompt": (generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels,
+                                                         fact_in="prompt"), env.Tools()),
+            "no_tools": (test, env.Tools(**one_edit)), "oracle": (test, env.Tools(inline=True, **one_edit)),
+            "counterfactual": ([c for t in test if (c := counterfactual(t)) is not None], env.Tools())}
+
+
+def episode_record(task, e):
+    """One tool episode as a record: its verdict, its slice, and how it used the tools. An edit
+    counts as read-before-edit when the episode read the file holding the fact before it."""
+    read, edits, informed = set(), 0, 0
+    for a in e["actions"]:
+        if a["action"] == "read" and not a["error"]:
+            read.add(a["path"])
+        elif a["action"] == "edit" and not a["error"]:
+            edits, informed = edits + 1, informed + (task.config_file in read)
+    return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e["result"].passed),
+            "outcome": e["result"].outcome, "n_tokens": sum(len(t["tokens"]) for t in e["turns"]),
+            "turns": len(e["turns"]), "tool_calls": sum(a["error"] != "format" for a in e["actions"]),
+            "format_errors": sum(a["error"] == "format" for a in e["actions"]), "end": e["end"],
+            "edits": edits, "informed_edits": informed,
+            "actions": [f"{a['action']} {a['path'] or ''}".strip() + (" (error)" if a["error"] else "")
+                        for a in e["actions"]]}
+
+
+def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, max_new_tokens=96,
+                   batch_size=64, seed=0):
+    """n episodes per repository task through `tools` (engine.run_episodes: the loop RL trains in).
+    Returns pass@k overall and per slice, the tool-use figures and "records" (one per episode, with
+    "episode" kept for the caller)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    eps = engine.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
+                              batch_size=batch_size, generator=gen)
+    records = [{**episode_record(tasks[e["task_idx"]], e), "episode": e} for e in eps]
+    out = {}
+    for sl in ("", "near", "novel"):
+        groups = [g for g in _by_task(records).values() if not sl or g[0]["slice"] == sl]
+        for k in ks:
+            scored = [g for g in groups if len(g) >= k]
+            if scored:
+                out[f"slice={sl}/pass@{k}" if sl else f"pass@{k}"] = \
+                    sum(pass_at_k(len(g), sum(r["passed"] for r in g), k) for g in scored) / len(scored)
+    mean = lambda key: sum(r[key] for r in records) / max(1, len(records))
+    edits = sum(r["edits"] for r in records)
+    out.update(read_before_edit=sum(r["informed_edits"] for r in records) / edits if edits else None,
+               tool_calls=mean("tool_calls"), turns=mean("turns"), format_errors=mean("format_errors"),
+               step_limit=sum(r["end"] == "step_limit" for r in records) / max(1, len(records)),
+               mean_len=mean("n_tokens"), records=records)
+    return out
+
+
+def follow_rate(pool, twins, originals, records):
+    """Counterfactual check: of the twin episodes whose final code passes the twin's hidden tests or
+    the original task's (judged on the same final repository), the share that pass the twin's: the
+    code follows the changed fact, not the value the task had before (a guess or a memory)."""
+    by_id = {t.task_id: t for t in originals}
+    orig = [by_id[r["task_id"].removesuffix("/cf")] for r in records]
+    runs = [env.hidden_run(t, r["episode"]["repo"]) for t, r in zip(orig, records)]
+    old = pool.run_batch(runs, [""] * len(runs))
+    either = [r["passed"] or o.passed for r, o in zip(records, old)]
+    return sum(r["passed"] for r in records) / sum(either) if any(either) else None
+
+
+def evaluate_agent_checkpoint(args, path, suites, pool, device):
+    """One checkpoint on every suite: its flat figures (the names run.sh's checks read) and records."""
+    model, tok, _ = common.load_checkpoint(path, device)
+    if not tok.tools:
+        common.die(f"{path}: its tokenizer has no tool tokens (a checkpoint of the agent's bootstrap, "
+                   "train_pretrain.py --mix ...,agent=W, or later)")
+    figs, records, t0 = {}, {}, time.time()
+    for name, (tasks, tools) in suites.items():
+        r = evaluate_agent(model, tok, tasks, pool, args.agent_samples, tools, (1, args.agent_samples),
+                           args.temperature, args.max_new_tokens, args.batch_size, args.seed)
+        records[name] = r.pop("records")
+        figs.update({f"{name}/{k}": v for k, v in r.items()})
+    figs["agent/fact_in_file/pass@1"] = figs["agent/pass@1"]     # the main set: the fact is in a file
+    figs["counterfactual/follow_rate"] = follow_rate(pool, suites["counterfactual"][0], suites["agent"][0],
+                                                     records["counterfactual"])
+    figs["eval_s"] = time.time() - t0
+    return figs, records
+
+
+def evaluate_agent_checkpoints(args):
+    """--agent: every --ckpt on the same repository tasks and seeds -> agent.md, agent.json, episodes,
+    and one JSON line with each checkpoint's figures and the paired gains over the first."""
+    labels = args.label or list(args.ckpt)
+    if len(labels) != len(args.ckpt) or len(set(labels)) != len(labels):
+        common.die("give one distinct --label per --ckpt")
+    try:
+        levels = parse_difficulties(args.difficulties or "")
+    except ValueError as e:
+        common.die(f"--difficulties: {e}")
+    suites = agent_suites(args.agent_tasks, args.task_seed, levels)
+    device = common.pick_device(args.device)
+    figs, records = {}, {}
+    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        for label, path in zip(labels, args.ckpt):
+            figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
+    test = suites["agent"][0]
+    for label in labels[1:]:
+        for name in ("agent", "oracle"):
+            for sl, (gain, se) in paired_gain(test, records[labels[0]][name], records[label][name]).items():
+                figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain
+                figs[label][f"{name}/{sl}pass@1 - {labels[0]}, paired SE"] = se
+    head = (f"repository tasks: {len(test)} x {args.agent_samples} episodes (test split, seed "
+            f"{args.task_seed}, difficulties {args.difficulties or 'all'}), temperature {args.temperature}, "
+            f"max_new_tokens {args.max_new_tokens} per action; agent = fact in the config file, "
+            f"fact_in_prompt = the issue states it, no_tools = one edit from the issue alone, oracle = one "
+            f"edit with every file inlined, counterfactual = the fact changed in the file (follow_rate: of "
+            f"the final code that passes the twin or the original, the share that passes the twin)")
+    table = markdown_table(figs)
+    print(head + "\n\n" + table, flush=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    for i, label in enumerate(labels):
+        for name, recs in records[label].items():
+            write_jsonl(os.path.join(args.out_dir, f"episodes-{i}-{name.replace('/', '_')}.jsonl"),
+                        [{k: v for k, v in r.items() if k != "episode"} for r in recs])
+    with open(os.path.join(args.out_dir, "agent.md"), "w") as f:
+        f.write(f"# agent eval: {', '.join(labels)}\n\n{head}\n\n{table}\n")
+    with open(os.path.join(args.out_dir, "agent.json"), "w") as f:
+        json.dump({"settings": vars(args), "figures": figs}, f, indent=1)
+    common.print_summary({"out_dir": args.out_dir, "labels": labels, "checkpoints": figs})
+
+
+# ---------------------------------------------------------------------------------------------
 # Mode 2: score a samples file
 
 def read_samples(path, known_ids):
@@ -523,6 +664,9 @@ def main(argv=None):
                               formatter_class=type("Fmt", (argparse.RawDescriptionHelpFormatter,
                                                            argparse.ArgumentDefaultsHelpFormatter), {}))
     p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
+    p.add_argument("--agent", action="store_true",
+                   help="evaluate the tool agent on repository tasks (data/repos.py) against no tools, an "
+                        "all-files oracle, the fact in the prompt and counterfactual twins")
     p.add_argument("--label", action="append", default=[], help="short name per --ckpt (default: the path)")
     p.add_argument("--tasks", default=None,
                    help="JSONL task file or 'humaneval'; with --completions: the tasks to score against; "
@@ -566,6 +710,8 @@ def main(argv=None):
         if not args.tasks:
             common.die("--completions needs --tasks (a JSONL task file or 'humaneval')")
         score_completions(args)
+    elif args.ckpt and args.agent:
+        evaluate_agent_checkpoints(args)
     elif args.ckpt:
         evaluate_checkpoints(args)
     else:

@@ -12,6 +12,8 @@
 #         TEST_SEED=7 bash run.sh  # the eval stage's held-out task seed (default 11)
 #         TURNS=3 bash run.sh      # test feedback: repair data, single-turn RL, RL that also trains repairs,
 #                                  # eval with up to 3 attempts (docs/episodes.md)
+#         AGENT=1 bash run.sh      # the agent: pretrain -> boot -> rl -> eval -> plots on repository tasks
+#                                  # worked through tools (docs/agent.md)
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,6 +21,7 @@ source experiments/lib.sh   # run_stage, json_get
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
 OUT=${OUT:-runs/$PRESET}
 TURNS=${TURNS:-1}
+AGENT=${AGENT:-0}
 # The eval stage's held-out tasks: a seed no recipe was tuned on (RL's own evals use seed 0, where the
 # presets were chosen), so the headline figure is not tuned to its test set.
 TEST_SEED=${TEST_SEED:-11}
@@ -27,6 +30,34 @@ echo "preset: $PRESET   run directory: $OUT"
 
 run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
+if [ "$AGENT" = 1 ]; then
+  # The agent (docs/agent.md). boot: continued pretraining with oracle tool-use transcripts of repository
+  # tasks (data/repos.py), which adds the tool tokens and extends the context to hold an episode; rl: G
+  # tool episodes per repository task, rewarded by the hidden tests on the final repository; eval: the
+  # agent before and after RL against no tools and an all-files oracle, per slice, on a fresh seed.
+  case $PRESET in
+    smoke) BOOT_ARGS=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
+    cpu)   BOOT_ARGS=(--max-steps 400 --agent-n 4000 --seq-len 768 --micro-batch 8) ;;
+    *)     BOOT_ARGS=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
+  esac
+  run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \
+    --mix stdlib=0.15,tasks=0.35,agent=0.5 --task-difficulties 1-3 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
+  BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
+  run_stage rl python train_rl.py --preset "$PRESET" --agent --init-from "$BOOT_CKPT" --out-dir "$OUT/rl" \
+    --eval-tasks 0
+  RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
+  run_stage eval python eval.py --preset "$PRESET" --agent --ckpt "$BOOT_CKPT" --ckpt "$RL_CKPT" \
+    --label boot --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"
+  run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
+  echo
+  echo "artefacts:"
+  echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT)"
+  echo "  bootstrap   : $OUT/boot/      (tool tokens, oracle transcripts, longer context: $BOOT_CKPT)"
+  echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl; try: python agent.py --ckpt $RL_CKPT --repo DIR)"
+  echo "  evaluation  : $OUT/eval/      (agent.md side-by-side table, agent.json, episodes-*.jsonl, figures)"
+  [ -f "$OUT/eval/agent.md" ] && cat "$OUT/eval/agent.md"
+  exit 0
+fi
 # Multi-token-prediction modules trained by self-distillation on the pretrained model, frozen (train_mtp.py):
 # they draft tokens for speculative decoding when serving (agent.py; docs/speculative.md). RL continues from
 # the pretrained checkpoint; the eval stage reads this one in its place (same weights, same samples, plus

@@ -51,6 +51,7 @@ from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, 
 import eval as evaluation
 from rl.metrics import new_stats, record, summarize_run
 from rl import rollouts
+from data.repos import canary_repo_tasks, generate_repo_tasks
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
@@ -65,6 +66,7 @@ FIXED = dict(
                                                 # seconds per program
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
+    len_call_tokens=20, len_turn_tokens=10,     # x = tokens + 20 per tool call + 10 per further turn
     ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
     weight_decay=0.0, grad_clip=1.0,            # AdamW; the global gradient-norm clip (0 = off)
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
@@ -122,6 +124,10 @@ g.add_argument("--repair-groups", action="store_true",
                help="also sample G repairs of one failed attempt per task (its feedback in the context) "
                     "as a group of their own: the self-repair tree of Olausson et al. 2023 "
                     "(rollouts.repair_groups); --turns 1 only")
+g.add_argument("--agent", action="store_true",
+               help="the agent: repository tasks (data/repos.py) worked through tools, G episodes a group, "
+                    "rewarded by the hidden tests on the final repository (needs a checkpoint with tool "
+                    "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",
@@ -403,7 +409,8 @@ def score_canary(ctx, step, stats):
     if not (ctx.master and ctx.canaries and step % args.canary_every == 0):
         return
     task = ctx.canaries[(step // args.canary_every) % len(ctx.canaries)]
-    attempt = rollouts.episodes if args.turns > 1 else rollouts.single_turn     # first attempts, no repairs
+    attempt = rollouts.tool_episodes if args.agent else rollouts.episodes if args.turns > 1 \
+        else rollouts.single_turn                                                 # first attempts, no repairs
     _, results = attempt(ctx, [task], [-1 - step], rollouts.Seed(step, part="canary"), stats)
     stats["canary_passes"] += sum(r.passed for r in results)
     stats["canary_samples"] += len(results)
@@ -418,10 +425,13 @@ def held_out(ctx, tag, at):
         return {}
     t0 = time.time()
     mine = ctx.test_tasks[ctx.rank::ctx.world]
-    r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
-                                  temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.gen_batch, seed=args.eval_seed + ctx.rank,
-                                  return_records=True, turns=args.turns)
+    kw = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
+              seed=args.eval_seed + ctx.rank)
+    if args.agent:          # the repository tasks, in the tool harness the step samples in
+        r = evaluation.evaluate_agent(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, env.Tools(), **kw)
+    else:
+        r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
+                                      return_records=True, turns=args.turns, **kw)
     per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
     for rec in r["records"]:
         if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
@@ -500,6 +510,8 @@ def check_args(args, world):
         common.die("sample_seeding 'task' is single-turn only (episodes sample in batches)")
     if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
         common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
+    if args.agent and (args.turns > 1 or args.repair_groups or args.sample_seeding == "task"):
+        common.die("--agent runs its own episodes: no --turns, --repair-groups or task seeding with it")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:
@@ -526,12 +538,12 @@ def task_sets(args, levels):
     """The first tasks of the train stream (rl/rollouts.py next_tasks extends it on demand) and the
     held-out test tasks; a difficulty list or count that gives none dies with a one-line error."""
     eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
+    make = generate_repo_tasks if args.agent else generate_tasks    # repositories, or functions
     try:
-        stream = generate_tasks("train", min(4096, args.batch_tasks * max(1, args.steps)),
-                                seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if not args.eval_tasks else generate_tasks("test", args.eval_tasks,
-                                                                   seed=args.eval_seed,
-                                                                   difficulties=eval_levels)
+        stream = make("train", min(4096 if not args.agent else 256, args.batch_tasks * max(1, args.steps)),
+                      seed=args.task_seed, difficulties=levels)
+        test_tasks = [] if not args.eval_tasks else make("test", args.eval_tasks, seed=args.eval_seed,
+                                                         difficulties=eval_levels)
     except Exception as e:          # e.g. a difficulty level the generator does not have
         common.die(f"cannot generate tasks: {type(e).__name__}: {e}")
     if not stream:
@@ -557,6 +569,11 @@ def setup(args):
             common.reset_metrics(metrics_path)
     model, tok, ck = common.load_checkpoint(ckpt_path if args.resume else args.init_from, device)
     ck = ck if args.resume else {}
+    if args.agent and not tok.tools:
+        common.die(f"--agent: {args.init_from or ckpt_path} has no tool tokens (start from the agent's "
+                   "bootstrap: train_pretrain.py --mix ...,agent=W)")
+    if args.agent and args.prefilter > 1:     # it ranks by a reference solution's probability: none here
+        args.prefilter = 1
     # The tokenizer's special ids are what generation stops on and collate pads with.
     if max(tok.eot_id, tok.pad_id) >= model.config.vocab_size:
         common.die(f"tokenizer special ids ({tok.eot_id}, {tok.pad_id}) outside the model's vocabulary "
@@ -580,15 +597,16 @@ def setup(args):
         common.set_rng_state(ck["rng"])
     # The rollout function, chosen once (rl/rollouts.py): first attempts, multi-turn episodes, or
     # first attempts plus repair groups. The rest of the step is the same for all three.
-    rollout = rollouts.episodes if args.turns > 1 else \
+    rollout = rollouts.tool_episodes if args.agent else rollouts.episodes if args.turns > 1 else \
         rollouts.repair_groups if args.repair_groups else rollouts.single_turn
     return SimpleNamespace(
         args=args, rank=rank, world=world, ddp=world > 1, master=rank == 0, device=device, model=model,
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
-        test_tasks=test_tasks, canaries=canary_tasks() if args.canary_every else [],
+        test_tasks=test_tasks,
+        canaries=(canary_repo_tasks() if args.agent else canary_tasks()) if args.canary_every else [],
         per_rank=common.tasks_per_rank(args.batch_tasks, world),
         replay=args.router_replay and model.n_moe_layers > 0,
-        pack=args.pack_prompts and args.turns == 1, rollout=rollout,
+        pack=args.pack_prompts and args.turns == 1 and not args.agent, rollout=rollout,
         pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())
 

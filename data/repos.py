@@ -400,16 +400,24 @@ def plan(task, r):
     return steps
 
 
+ORACLE_FRAC = 0.15    # transcripts in the oracle baseline's format: every file inlined, one edit
+
+
 def transcripts(tasks, pool, seed=0):
     """One oracle Transcript per task, observations from env.Tools itself; every test run of the
-    batch goes to `pool` (env.SandboxPool) at once."""
+    batch goes to `pool` (env.SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
+    oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format."""
     import env    # the harness (env.py imports nothing of data/)
-    tools, docs, runs = env.Tools(), [], []
+    docs, runs = [], []
     for t in tasks:
+        r = families.Random(f"transcript/{seed}/{t.task_id}")
+        oracle = r.random() < ORACLE_FRAC
+        tools = env.Tools(inline=True) if oracle else env.Tools()
+        steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else plan(t, r)
         e, segs = tools.start(t), [(tools.prompt(t), True)]
-        for name, payload in plan(t, families.Random(f"transcript/{seed}/{t.task_id}")):
+        for name, payload in steps:
             segs += [(f"<|{name}|>", False), (payload, False), ("<|end|>", False)]
-            if name == "submit":
+            if name == "submit" or oracle:          # the oracle's one action ends its episode
                 break
             act, todo = {}, []
             obs = tools.apply(t, e, name, payload, act, todo, len(segs))

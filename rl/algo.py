@@ -113,6 +113,14 @@ def n_generated(s):
     return sum(len(t["tokens"]) for t in turns_of(s))
 
 
+def length_units(s, call_tokens, turn_tokens):
+    """The length the length cost counts (Composer 2: a weighted count of tokens, tool calls and
+    turns): every generated token, plus call_tokens per tool call (--agent's actions, malformed ones
+    excepted) and turn_tokens per turn after the first. A single-turn sample counts its tokens."""
+    calls = sum(a["error"] != "format" for a in s.get("actions", ()))
+    return n_generated(s) + call_tokens * calls + turn_tokens * (len(turns_of(s)) - 1)
+
+
 def flatten(s):
     """A sample or episode -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1], the
     column whose prediction is each generated token, the generated tokens, their logprobs). Feedback

@@ -15,6 +15,7 @@ random stream (rng).
   single_turn    G completions per task (engine.sample_completions)
   episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
   repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
+  tool_episodes  --agent: G episodes per repository task, worked through tools (env.Tools)
 Every function takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task
 stream, resumable state; a tool may pass just the fields a function reads, as
 experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
@@ -28,7 +29,9 @@ import torch
 from infra import common
 from infra import engine
 import env
-from rl.algo import collate, kl_k1, length_cost, mixed_group_odds, n_generated, token_logprobs, turns_of
+from rl.algo import (collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated, token_logprobs,
+                     turns_of)
+from data.repos import generate_repo_tasks
 from data.tasks import generate_tasks
 
 
@@ -56,8 +59,10 @@ def rewards(ctx, scored, stats):
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     reward = correct.clone()
     if args.len_penalty:
-        # every token the model wrote in the episode: solving in fewer, shorter turns earns more
-        reward -= args.len_penalty * length_cost([n_generated(s) for s, _ in scored], args.len_k, args.len_q)
+        # every token the model wrote in the episode, each tool call and each further turn counted as
+        # that many tokens more (Composer 2's weighted count): solving in fewer, shorter turns earns more
+        units = [length_units(s, args.len_call_tokens, args.len_turn_tokens) for s, _ in scored]
+        reward -= args.len_penalty * length_cost(units, args.len_k, args.len_q)
     if ctx.ref is not None and scored:
         kl = ref_kl(ctx, [s for s, _ in scored])
         stats["kl_ref_sum"] += kl[first].sum().item()
@@ -84,6 +89,9 @@ def tally_samples(tasks, samples, results, scored, keep, stats):
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
+        for a in s.get("actions", ()):        # --agent: the tool calls, and the malformed actions
+            stats["tool_calls_sum"] += a["error"] != "format"
+            stats["format_errors_sum"] += a["error"] == "format"
     level = {s["group"]: tasks[s["task_idx"]].difficulty for s, _ in scored}
     signal = {s["group"] for (s, _), k in zip(scored, keep.tolist()) if k}
     stats["groups"] += len(level)
@@ -151,6 +159,21 @@ def episodes(ctx, tasks, keys, seed, stats):
     eps = engine.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
                               **sampling_kw(ctx))
     stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
+    for e in eps:
+        e["group"] = e["task_idx"]            # a task's G episodes are its group
+    return eps, [e["result"] for e in eps]
+
+
+def tool_episodes(ctx, tasks, keys, seed, stats):
+    """--agent: G episodes per repository task (data/repos.py) in the agent's harness, env.Tools: one
+    action per turn (ls, read, edit, test, submit) on the episode's own copy of the repository, the
+    observation fed back, up to the step limit (engine.run_episodes, as eval.py and agent.py run it).
+    One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
+    covers every token the model wrote in every turn, none of the observations (rl.algo.flatten)."""
+    t0 = time.time()
+    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, tools=env.Tools(), pool=ctx.pool,
+                              generator=rng(ctx, seed), **sampling_kw(ctx))
+    stats["gen_s"] += time.time() - t0     # the tools' test runs happen between turns: counted as generation
     for e in eps:
         e["group"] = e["task_idx"]            # a task's G episodes are its group
     return eps, [e["result"] for e in eps]
@@ -247,9 +270,10 @@ def next_tasks(ctx, n):
     the same global batch as one process. Returns (tasks, stream indices)."""
     pos = ctx.state["stream_pos"]
     keys = [ctx.rank + ctx.world * j for j in range(pos, pos + n)]
+    make = generate_repo_tasks if ctx.args.agent else generate_tasks
     while keys and keys[-1] >= len(ctx.stream):           # task i depends on (seed, i) alone
-        ctx.stream += generate_tasks("train", len(ctx.stream), seed=ctx.args.task_seed,
-                                     difficulties=ctx.levels, start=len(ctx.stream))
+        ctx.stream += make("train", len(ctx.stream), seed=ctx.args.task_seed, difficulties=ctx.levels,
+                           start=len(ctx.stream))
     ctx.state["stream_pos"] = pos + n
     return [ctx.stream[k] for k in keys], keys
 

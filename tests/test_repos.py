@@ -259,33 +259,39 @@ def test_transcripts_are_episodes_the_harness_would_run():
     import env
     from data import corpus
     from data.tokenizer import train_tokenizer
-    tasks = repos.generate_repo_tasks("train", 24, seed=3, difficulties=[1, 2, 3])
+    tasks = repos.generate_repo_tasks("train", 40, seed=3, difficulties=[1, 2, 3])
     with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
         docs = repos.transcripts(tasks, pool, seed=0)
         tok = train_tokenizer(list(docs), 400).with_tools()
-        tools, detours = env.Tools(), 0
+        detours, oracles = 0, 0
         for t, doc in zip(tasks, docs):
             segs = list(doc.segments)
+            oracle = "# file: " in segs[0][0]        # eval.py's oracle baseline: files inlined, one edit
+            one_edit = env.Tools(inline=True, actions=("edit", "submit"), max_actions=1)
+            tools = one_edit if oracle else env.Tools()
             assert segs[0] == (tools.prompt(t), True) and "".join(p for p, _ in segs) == doc
             e, k, seen = tools.start(t), 1, []
             while k < len(segs):
                 name, payload = segs[k][0], segs[k + 1][0] if segs[k + 1][0] != "<|end|>" else ""
                 k += 3 if payload else 2
                 ids = [tok.tool_ids[name]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
-                obs = tools.step(tok, pool, [(t, e, {"tokens": ids})], True)[0]
+                obs = tools.step(tok, pool, [(t, e, {"tokens": ids})], not oracle)[0]
                 seen.append((name[2:-2], payload))
                 if obs is None:
                     break
                 assert segs[k:k + 3] == [("<|obs|>", True), (obs, True), ("<|/obs|>", True)], name
                 k += 3
             names = [a for a, _ in seen]
-            assert names[-1] == "submit" and k == len(segs) and e["end"] == "submit"
+            assert k == len(segs) and (names == ["edit"] if oracle else names[-1] == "submit")
             tools.finish(pool, [(t, e)])
             assert e["result"].passed, t.task_id
-            assert ("read", t.config_file) in seen and seen.index(("read", t.config_file)) < len(seen) - 3
-            detours += names.count("test") > 1 or seen[0] == ("read", t.test_file)
+            oracles += oracle
+            if not oracle:
+                assert ("read", t.config_file) in seen and seen.index(("read", t.config_file)) < len(seen) - 3
+                detours += names.count("test") > 1 or seen[0] == ("read", t.test_file)
             ids = corpus.encode_doc(tok, doc)
             assert tok.decode([i % tok.vocab_size for i in ids]) == doc
             targets = tok.decode([i for i in ids if i < tok.vocab_size])
             assert targets.startswith("<|") and "# Issue" not in targets and "passed" not in targets
+        assert oracles >= 1
         assert detours >= 3
