@@ -1,10 +1,19 @@
 """
-agent.py: the interactive command. The model writes a function body, the harness runs the
-docstring's examples (the tests the model can see) in the sandbox, and if one fails the model reads
-what failed and writes the body again, up to --turns attempts: Composer 2's agentic loop in
-miniature. The last attempt is judged on the hidden tests. Training (train_rl.py --turns), eval
-(eval.py --turns) and this command run the same episodes (infra/engine.py: run_episodes); the
-context of an episode is env.render_episode's text at every turn.
+agent.py: the interactive command, in the harness the model was trained in (infra/engine.py
+run_episodes, as train_rl.py and eval.py run it). Two tool sets:
+
+--repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
+one action per turn (ls, read, edit a function, run the tests, submit), and this prints every action
+and observation. The verdict is the project's own test files, as they were, run on the final copy. The
+directory itself is never written unless --apply is given; the final copy goes to --out-dir/repo.
+    python agent.py --ckpt runs/cpu/rl/ckpt.pt --repo my_project        # after AGENT=1 bash run.sh
+    python agent.py --ckpt CKPT --repo my_project --issue "sum_prices in shop.py is off by one" --apply
+
+Without --repo: the feedback episodes (env.Feedback). The model writes a function body, the harness
+runs the docstring's examples (the tests the model can see) in the sandbox, and if one fails the model
+reads what failed and writes the body again, up to --turns attempts: Composer 2's agentic loop in
+miniature. The last attempt is judged on the hidden tests; the context of an episode is
+env.render_episode's text at every turn.
 
 Watch a model work through a task, turn by turn (this is the harness of the deployed model), e.g.
 after `TURNS=3 OUT=runs/turns bash run.sh` (a base model that has seen feedback, a context for 3 turns):
@@ -21,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see eval.py
 import torch
@@ -59,6 +69,85 @@ def user_task(text):
     return task
 
 
+MAX_FILES, MAX_FILE_CHARS = 50, 20_000     # a small project: larger ones are refused, not cut
+
+
+def read_project(root):
+    """{relative path: text} of the project's .py files (no links, nothing hidden, no __pycache__),
+    or a one-line error (ValueError)."""
+    if not os.path.isdir(root):
+        raise ValueError(f"--repo: no directory {root!r}")
+    files = {}
+    for here, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                         and not os.path.islink(os.path.join(here, d)))
+        for name in sorted(names):
+            path = os.path.join(here, name)
+            if name.endswith(".py") and not os.path.islink(path):
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    files[rel] = f.read(MAX_FILE_CHARS + 1)
+                if len(files[rel]) > MAX_FILE_CHARS or len(files) > MAX_FILES:
+                    raise ValueError(f"--repo: {rel}: the agent works small projects (at most {MAX_FILES} "
+                                     f"files of {MAX_FILE_CHARS} characters)")
+    tests = [p for p in files if os.path.basename(p).startswith("test") and "/" not in p]
+    if not tests:
+        raise ValueError(f"--repo {root}: no test_*.py file at its top level to run")
+    return files, tests[0]
+
+
+def project_task(files, test_file, issue):
+    """The project as a repository task (the fields of data/repos.py's that env.Tools reads). It has no
+    hidden tests (inputs None): the judge runs its own test file, as it was, on the final copy."""
+    return SimpleNamespace(task_id="user/repo", files=files, issue=issue, test_file=test_file, inputs=None)
+
+
+def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
+    """An agent episode as the model saw it: the prompt, then each action and its observation."""
+    print(tools.prompt(task), end="", file=out)
+    for t, x in enumerate(episode["turns"], 1):
+        action = tok.decode(x["tokens"])
+        print(f"--- turn {t}: {action}", file=out)
+        if x["feedback"]:
+            print(x["feedback"] if x["feedback"].endswith("\n") else x["feedback"] + "\n", end="", file=out)
+    print(f"--- episode over ({episode['end']}); the project's tests on the final copy: "
+          f"{'PASS' if verdict.passed else 'FAIL'} ({env.test_report(verdict).splitlines()[0]})", file=out)
+
+
+def run_repo(args, model, tok, gen):
+    """--repo: one agent episode on a copy of the project, printed; its final copy kept, or applied."""
+    try:
+        files, test_file = read_project(args.repo)
+    except (OSError, ValueError) as e:
+        common.die(str(e))
+    if not tok.tools:
+        common.die(f"{args.ckpt}: no tool tokens; --repo needs an agent checkpoint (AGENT=1 bash run.sh)")
+    issue = args.issue or f"A test in {test_file} fails. Find the bug and fix it."
+    task = project_task(files, test_file, issue)
+    tools = env.Tools()
+    with env.SandboxPool(workers=1) as pool:
+        ep = engine.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
+                                 generator=gen)[0]
+    verdict = ep["result"]
+    show_tools(tok, task, tools, ep, verdict)
+    changed = sorted(p for p in files if ep["repo"][p] != files[p])
+    for p in changed:
+        dest = os.path.join(args.out_dir, "repo", p)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with common.atomic_open(dest) as f:
+            f.write(ep["repo"][p])
+        if args.apply:                     # only when asked: the user's own files
+            with common.atomic_open(os.path.join(args.repo, p)) as f:
+                f.write(ep["repo"][p])
+    with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
+        show_tools(tok, task, tools, ep, verdict, out=f)
+    common.print_summary({"repo": args.repo, "passed": verdict.passed, "turns": len(ep["turns"]),
+                          "end": ep["end"], "actions": [a["action"] for a in ep["actions"]],
+                          "changed": changed, "applied": bool(args.apply and changed),
+                          "out_dir": args.out_dir,
+                          "ckpt": args.ckpt})
+
+
 def show(task, episode, out=sys.stdout):
     print(env.render_prompt(task), end="", file=out)
     for t, (x, r) in enumerate(zip(episode["turns"], episode["results"]), 1):
@@ -81,6 +170,10 @@ def main(argv=None):
     p = common.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ckpt", help="model checkpoint (train_pretrain.py, train_mtp.py or train_rl.py; only "
                    "train_mtp.py's has the MTP modules that speculative decoding needs), required")
+    p.add_argument("--repo", default=None, help="the agent: a project directory (with a test_*.py file) to "
+                   "work through tools, on a copy")
+    p.add_argument("--issue", default=None, help="with --repo: the issue text the agent reads first")
+    p.add_argument("--apply", action="store_true", help="with --repo: write the changed files back into it")
     p.add_argument("--prompt-file", default=None,
                    help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")
@@ -99,6 +192,11 @@ def main(argv=None):
         common.die("--ckpt CKPT is required")
     if not os.path.isfile(args.ckpt):
         common.die(f"no checkpoint at {args.ckpt!r}")
+    if args.repo:
+        device = common.pick_device(args.device)
+        model, tok, _ = common.load_checkpoint(args.ckpt, device)
+        os.makedirs(args.out_dir, exist_ok=True)
+        return run_repo(args, model, tok, torch.Generator(device=device).manual_seed(args.seed))
     try:
         if args.prompt_file:
             with (sys.stdin if args.prompt_file == "-" else open(args.prompt_file)) as f:

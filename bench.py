@@ -32,6 +32,9 @@ Parts and the goals they are measured against:
              packed prompts (--pack-prompts); needs a cpu pretraining checkpoint
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
+  episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
+             tool-episode sampling tokens/s (engine.run_episodes with env.Tools, the RL batch of --agent)
+             against single-turn sampling of as many tokens from the same prompts (goal >= 0.8x)
   speculative  (needs --ckpt with MTP modules, train_mtp.py; default runs/cpu/mtp/ckpt.pt) speculative
              decoding vs plain: acceptance per draft position, tokens per forward, tokens/s at batch 1
              on the interactive command's path (goal >= 1.5x, exact outputs) and at the RL batch
@@ -277,8 +280,8 @@ def bench_generation(quick, device=CPU):
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
     forward-only tokens/s (no grad, 16 x 256 tokens), fast.generate_retiring tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (engine.sample_completions called as train_rl.py's cpu preset calls it:
-    128-row batch, router replay, tokenization and decoding included; and the same with the decode
+    RL loop's own sampling (engine.run_episodes, one-turn episodes, called as train_rl.py's cpu preset
+    calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts included; and the same with the decode
     step compiled, --compile-decode, timed after its compile; None where compiling failed,
     rl_generation_compiled_error says why). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
@@ -304,6 +307,7 @@ def bench_generation(quick, device=CPU):
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
     g = torch.Generator(device)
     res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_compiled": []}
+    pool = env.SandboxPool(timeout_s=1.0)
 
     def forward():
         with torch.no_grad(), common.autocast(device):
@@ -323,12 +327,12 @@ def bench_generation(quick, device=CPU):
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
         before, fast.COMPILE = fast.COMPILE, compiled
-        try:
-            samples = engine.sample_completions(model, tok, prompt_tasks, n=8, temperature=1.0, max_new_tokens=96,
-                                                    top_p=1.0, batch_size=128, return_routes=True, generator=g)
+        try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
+            eps = engine.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
+                                      max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
         finally:
             fast.COMPILE = before
-        return sum(len(s["tokens"]) for s in samples)
+        return sum(len(e["turns"][0]["tokens"]) for e in eps)
     forward()   # warm-up
     for h in hooks:
         h.remove()
@@ -349,6 +353,7 @@ def bench_generation(quick, device=CPU):
             res[name].append((n / s, n))
     for h in hooks:
         h.remove()
+    pool.close()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
     fwd_n, fwd_1, gen, rl, rl_c = (max((r for r, _ in res[k]), default=None) for k in
                                    ("forward", "forward_1thread", "generate", "rl", "rl_compiled"))
@@ -864,9 +869,12 @@ def gpu_check_train_syncs(ckpt, device, preset):
     from rl.algo import batch_tensors
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
-    samples = engine.sample_completions(model, tok, generate_tasks("train", 2, seed=0), n=8, temperature=1.0,
-                                        max_new_tokens=64, return_routes=True,
-                                        generator=torch.Generator(device).manual_seed(0))
+    import env
+    with env.SandboxPool(workers=1) as pool:
+        eps = engine.run_episodes(model, tok, generate_tasks("train", 2, seed=0), 8, env.Feedback(1), pool,
+                                  temperature=1.0, max_new_tokens=64, return_routes=True,
+                                  generator=torch.Generator(device).manual_seed(0))
+    samples = [e["turns"][0] for e in eps]
     batch = batch_tensors(samples, tok.pad_id, model.n_moe_layers, model.config.top_k, True, True)
     counts = train_rl.Counts(len(samples), float((batch.tgt >= 0).sum()), float(batch.valid.sum()), 1)
     ctx = SimpleNamespace(args=args, model=model.train(), device=device, replay=True)
@@ -1123,9 +1131,52 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
     return out
 
 
+def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
+    """Episode sampling against single-turn sampling at equal tokens (issue 45): the agent's RL batch,
+    8 held-out repository tasks x 8 episodes through env.Tools (engine.run_episodes: every turn's
+    generate, the observations' prefill on the kept cache, the tools and their sandboxed test runs),
+    then one generate of the same 64 prompts with no stop, as many new tokens per row as the episodes
+    sampled on average: the single-turn arm at its best (no ragged ends). Tokens/s of each, best rep."""
+    from infra import common
+    from infra import engine, fast
+    import env
+    from data.repos import generate_repo_tasks
+    if not os.path.isfile(ckpt):
+        print(f"  skipped: no agent checkpoint at {ckpt} (AGENT=1 bash run.sh, or --ckpt)", flush=True)
+        return {"episode_vs_single_turn": None}
+    model, tok, _ = common.load_checkpoint(ckpt, device=device)
+    model.eval()
+    tasks = generate_repo_tasks("test", 8, seed=5, difficulties=[1, 2])
+    tools, g = env.Tools(), torch.Generator(device)
+    prompts = engine.encode_prompts(model, tok, tasks, 96, tools.prompt)[0]
+    res = {"episodes": [], "single": []}
+    with env.SandboxPool(timeout_s=1.0) as pool:
+        def episodes():
+            g.manual_seed(3)
+            eps = engine.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
+                                      return_routes=True)
+            return sum(len(t["tokens"]) for e in eps for t in e["turns"]), sum(len(e["turns"]) for e in eps)
+
+        def single(per_row):
+            g.manual_seed(4)
+            outs = fast.generate(model, [p for p in prompts for _ in range(8)], per_row, temperature=1.0,
+                                 generator=g, return_routes=True)
+            return sum(len(o["tokens"]) for o in outs)
+        for _ in range(2 if quick else 4):
+            (n, turns), s = timed(episodes, device)
+            res["episodes"].append(n / s)
+            m, s = timed(lambda: single(max(1, round(n / 64))), device)
+            res["single"].append(m / s)
+    ep, one = max(res["episodes"]), max(res["single"])
+    print(f"  tokens/s  tool episodes {ep:7.0f} ({n} tokens in {turns} turns of 64 episodes)   single-turn "
+          f"{one:7.0f} ({m} tokens)   ratio {ep / one:.2f} (goal >= 0.8)", flush=True)
+    return {"episode_tok_s": ep, "single_turn_tok_s": one, "episode_vs_single_turn": ep / one,
+            "episode_tokens": n, "episode_turns": turns}
+
+
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
-         "compiled": bench_compiled, "speculative": bench_speculative}
+         "compiled": bench_compiled, "speculative": bench_speculative, "episodes": bench_episodes}
 
 from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `error: ...`, exit code 2)
 
@@ -1141,7 +1192,8 @@ elif __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
                         "compiled: about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py)")
+    parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py); "
+                        "episodes: an agent checkpoint (run.sh AGENT=1's boot or rl)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "
                         f"{', '.join(CPU_PARTS)} run on the CPU whatever it says")
     args = parser.parse_args()
@@ -1158,7 +1210,8 @@ elif __name__ == "__main__":
         on = CPU if name in CPU_PARTS else device
         print(f"[{name}] on {device_name(on)}", flush=True)   # where this part's absolute figures come from
         results.update(PARTS[name](args.quick, device=on,
-                                   **({"ckpt": args.ckpt} if name == "speculative" and args.ckpt else {})))
+                                   **({"ckpt": args.ckpt} if name in ("speculative", "episodes") and args.ckpt
+                                      else {})))
         results[f"{name}_bench_s"] = time.time() - t0
     results["bench_s"] = time.time() - t_start
     # 4 decimals, or 4 significant digits for the small ones (a max abs difference of 3e-7 is not 0)

@@ -150,20 +150,23 @@ def render_episode(task, turns) -> str:
     return render_prompt(task) + "".join(text + feedback for text, feedback in turns)
 
 class Feedback:
-    """The tool set of --turns T episodes (engine.run_episodes runs it): after an attempt the harness
-    runs the docstring's examples, and if one fails the next turn reads render_feedback's text. The
-    hidden tests judge every attempt (the self-repair curve); the reward is the last one's verdict.
-    An episode ends when its attempt passes the examples, when T is spent, or when the task has none."""
+    """The tool set of --turns T episodes (engine.run_episodes runs it), and of single-turn sampling (T =
+    1): after an attempt the harness runs the docstring's examples, and if one fails the next turn
+    reads render_feedback's text. The hidden tests judge every attempt in the background (the
+    self-repair curve; finish collects the verdicts), so the loop generates on meanwhile; the reward is
+    the last attempt's. An episode ends when its attempt passes the examples, when T is spent, or when
+    the task has none."""
     stop_tokens = ()
 
     def __init__(self, turns, fractional=False):
         self.max_turns, self.fractional = turns, fractional
+        self.wait_s = 0.0   # seconds finish waited for the sandbox after the sampling (RL's timing split)
 
     def prompt(self, task):
         return render_prompt(task)
 
     def start(self, task):
-        return {"results": []}
+        return {"pending": []}
 
     def feed_ids(self, tok, text):
         return tok.encode(text)
@@ -172,11 +175,11 @@ class Feedback:
         codes = [x["completion"] for _, _, x in items]
         hidden = pool.submit_batch([t for t, _, _ in items], codes, self.fractional)   # every attempt judged
         check = [(k, v) for k, (t, _, _) in enumerate(items) if more and (v := visible_task(t)) is not None]
-        runs = pool.run_batch([v for _, v in check], [codes[k] for k, _ in check])
+        runs = pool.run_batch([v for _, v in check], [codes[k] for k, _ in check]) if check else []
         seen = dict(zip([k for k, _ in check], runs))
         out = []
-        for k, ((task, e, x), r) in enumerate(zip(items, hidden.result())):
-            e["results"].append(r)
+        for k, (task, e, x) in enumerate(items):
+            e["pending"].append((hidden, k))
             v = seen.get(k)
             x["visible_passed"] = None if v is None else v.passed       # None: not run (last turn)
             if v is not None and v.outcome == "sandbox_error":         # the harness failed, not the model:
@@ -186,8 +189,11 @@ class Feedback:
         return out
 
     def finish(self, pool, items):
+        t0 = time.time()
         for _, e in items:
+            e["results"] = [batch.result()[k] for batch, k in e.pop("pending")]
             e["result"] = e.pop("lost", e["results"][-1])
+        self.wait_s += time.time() - t0
 
 
 # ----------------------------------------------------------------------------- tools (the agent)
@@ -293,14 +299,19 @@ import _frozen_importlib as _fi
 class _RepoFinder:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name + ".py" in _FILES:
-            return _fi.ModuleSpec(name, cls, origin=name + ".py")
+        base = name.replace(".", "/")
+        for file, package in ((base + ".py", False), (base + "/__init__.py", True)):
+            if file in _FILES:
+                spec = _fi.ModuleSpec(name, cls, origin=file, is_package=package)
+                spec.has_location = False
+                return spec
     @staticmethod
     def create_module(spec):
         return None
     @staticmethod
     def exec_module(module):
-        exec(compile(_FILES[module.__name__ + ".py"], module.__name__ + ".py", "exec"), module.__dict__)
+        file = module.__spec__.origin
+        exec(compile(_FILES[file], file, "exec"), module.__dict__)
 _sys.meta_path.insert(0, _RepoFinder)
 """
 
@@ -328,7 +339,10 @@ def visible_run(task, repo):
 
 def hidden_run(task, repo):
     """The judge: the task's hidden tests (held by the task, never in any file) on the agent's modules,
-    without its test file."""
+    without its test file. A project with no hidden tests (agent.py --repo) is judged by its own test
+    file as it was before the episode, whatever the agent did to its copy."""
+    if task.inputs is None:
+        return visible_run(task, {**repo, task.test_file: task.files[task.test_file]})
     files = {p: t for p, t in repo.items() if p != task.test_file}
     program = repo_program(files, f"from {task.module} import {task.entry_point} as _judged")
     return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs, None)

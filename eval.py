@@ -135,37 +135,28 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                    top_p=1.0, top_k=0, batch_size=64, seed=0, n_examples=3, progress=False,
                    return_records=False, turns=1):
     """Sample n completions per task (temperature 0 = greedy: n = 1), run them in the sandbox
-    pool, and summarize (see summarize()). Deterministic for a given seed. Sandboxing of a batch
-    starts as soon as it is generated, overlapping the next batch's generation. turns > 1: n
-    episodes per task (engine.run_episodes), scored on their last attempt, plus episode_figures()."""
+    pool, and summarize (see summarize()): one-turn episodes of engine.run_episodes, the loop RL
+    samples in. Deterministic for a given seed. Sandboxing of a batch starts as soon as it is
+    generated, overlapping the next batch's generation. turns > 1: n episodes per task with the
+    visible examples' feedback (env.Feedback), scored on their last attempt, plus episode_figures()."""
     if temperature == 0:
         n = 1
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    futures = []
-    submit = lambda b: futures.append(pool.submit_batch([tasks[s["task_idx"]] for s in b],
-                                                        [s["completion"] for s in b]))
     t0 = time.time()
-    if turns > 1:
-        episodes = engine.run_episodes(model, tok, tasks, n, env.Feedback(turns), pool, temperature,
-                                       max_new_tokens, top_p=top_p, top_k=top_k, batch_size=batch_size,
-                                       generator=gen, progress=progress)
-        # an episode is scored as its last attempt; its length is every token the model wrote
-        samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]}
-                   for e in episodes]
-        results = [e["result"] for e in episodes]    # sandboxed between turns: no wait left
-        t1 = time.time()
-    else:
-        samples = engine.sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=top_p,
-                                     batch_size=batch_size, generator=gen, top_k=top_k,
-                                     progress=progress, on_batch=submit)
-        t1 = time.time()
-        results = [r for f in futures for r in f.result()]
+    tools = env.Feedback(turns)       # turns 1: a single completion; the sandbox runs beside generation
+    episodes = engine.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
+                                   top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
+                                   progress=progress)
+    # an episode is scored as its last attempt; its length is every token the model wrote
+    samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
+    results = [e["result"] for e in episodes]
+    t1 = time.time() - tools.wait_s
     out = summarize(tasks, samples, results, ks, n_examples)
     if turns > 1:
         out["episodes"] = episode_figures(tasks, episodes, turns)
     out.update(n_per_task=n, temperature=temperature, max_new_tokens=max_new_tokens,
-               generate_s=t1 - t0, sandbox_wait_s=time.time() - t1)
+               generate_s=t1 - t0, sandbox_wait_s=tools.wait_s)
     if return_records:
         out["records"] = [{"task_id": tasks[s["task_idx"]].task_id, "completion": s["completion"],
                            "passed": bool(r.passed), "outcome": r.outcome, "n_tokens": len(s["tokens"])}

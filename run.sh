@@ -19,9 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 source experiments/lib.sh   # run_stage, json_get
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
-OUT=${OUT:-runs/$PRESET}
 TURNS=${TURNS:-1}
 AGENT=${AGENT:-0}
+[ "$AGENT" = 1 ] && OUT=${OUT:-runs/agent-$PRESET}     # the agent's runs beside the base recipe's
+OUT=${OUT:-runs/$PRESET}
 # The eval stage's held-out tasks: a seed no recipe was tuned on (RL's own evals use seed 0, where the
 # presets were chosen), so the headline figure is not tuned to its test set.
 TEST_SEED=${TEST_SEED:-11}
@@ -37,7 +38,7 @@ if [ "$AGENT" = 1 ]; then
   # agent before and after RL against no tools and an all-files oracle, per slice, on a fresh seed.
   case $PRESET in
     smoke) BOOT_ARGS=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
-    cpu)   BOOT_ARGS=(--max-steps 400 --agent-n 4000 --seq-len 768 --micro-batch 8) ;;
+    cpu)   BOOT_ARGS=(--max-steps 400 --agent-n 4000 --seq-len 1024 --micro-batch 4) ;;
     *)     BOOT_ARGS=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
   esac
   run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \

@@ -1,7 +1,7 @@
 """
 Phase two of the Composer 2 recipe (arXiv 2603.24477): group-relative policy-gradient RL against
-sandboxed unit-test tasks, in the very harness eval.py measures with (env.render_prompt ->
-engine.sample_completions -> env.extract_completion -> env.SandboxPool).
+sandboxed unit-test tasks, in the very harness eval.py measures with (engine.run_episodes: env.render_prompt
+-> generation -> env.extract_completion -> env.SandboxPool; --agent: repositories worked through tools).
 
     python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # seconds
     python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl             # cpu, ~14 min

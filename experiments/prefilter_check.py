@@ -53,17 +53,12 @@ def main(argv=None):
     ctx = SimpleNamespace(model=model, tok=tok, args=rl_args, device=torch.device("cpu"))
     _, kept = rollouts.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
     kept = set(kept)
-    samples = engine.sample_completions(model, tok, tasks, n=args.group_size, temperature=args.temperature,
-                                            max_new_tokens=args.max_new_tokens, batch_size=128,
-                                            generator=torch.Generator().manual_seed(0))
-    pool = env.SandboxPool(timeout_s=1.0)
-    try:
-        results = pool.submit_batch([tasks[s["task_idx"]] for s in samples], [s["completion"] for s in samples]).result()
-    finally:
-        pool.close()
+    with env.SandboxPool(timeout_s=1.0) as pool:    # one-turn episodes of the loop RL samples in
+        eps = engine.run_episodes(model, tok, tasks, args.group_size, env.Feedback(1), pool, args.temperature,
+                                  args.max_new_tokens, batch_size=128, generator=torch.Generator().manual_seed(0))
     passes = Counter()
-    for s, r in zip(samples, results):
-        passes[s["task_idx"]] += r.passed
+    for e in eps:
+        passes[e["task_idx"]] += e["result"].passed
     summary = {"ckpt": args.ckpt, "k": args.k, "kept": group_table(tasks, passes, args.group_size, kept.__contains__),
                "dropped": group_table(tasks, passes, args.group_size, lambda i: i not in kept),
                "all": group_table(tasks, passes, args.group_size, lambda i: True)}

@@ -9,9 +9,9 @@ speed paths live beside it in infra/fast.py, tested equal to it (tests/test_gene
 chosen in one place, fast.generate, which everything that samples calls: finished rows retired
 from the batch, sync-free decoding on a GPU, two decode streams on a CPU, a compiled decode step,
 and speculative decoding with the MTP modules (infra/speculative.py).
-Then the samples and episodes built on it: sample_completions, run_episodes (train_rl.py, eval.py,
-agent.py). Measured in bench.py (generation, compiled, speculative); the figures are in
-docs/benchmarks.md and docs/speculative.md.
+Then the episodes built on it: run_episodes, the one loop of every rollout (train_rl.py, eval.py,
+agent.py), one turn or many, with a tool set of env.py's. Measured in bench.py (generation, compiled,
+speculative, episodes); the figures are in docs/benchmarks.md and docs/speculative.md.
 """
 from types import SimpleNamespace
 
@@ -255,50 +255,17 @@ def sample(logits, temperature, top_k, top_p, generator=None, no_sync=False):
 # ----------------------------------------------------------------------------------------------
 # Samples and episodes: what RL, eval and the interactive command draw
 
-def sample_completions(model, tok, tasks, n, temperature, max_new_tokens, top_p=1.0, batch_size=64,
-                       return_routes=False, generator=None, top_k=0, progress=False, on_batch=None,
-                       prompts=None):
-    """n samples per task, rows ordered task by task (the n samples of task i are contiguous, the
-    group RL needs). Returns len(tasks)*n dicts: task_idx, prompt_ids (what the model was
-    conditioned on), tokens (generated, incl. the end-of-text token if hit), logprobs, text
-    (decoded, without end-of-text), completion (text cut by env.extract_completion: what runs),
-    stopped (ended on end-of-text, not on max_new_tokens), prompt_truncated (encode_prompts), and
-    routes when requested.
-    on_batch(list_of_dicts) is called after every generated batch (eval starts sandboxing it).
-    prompts: token ids per task to continue instead of its rendered prompt (a repair's context)."""
-    if prompts is None:
-        prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens)
-    elif len(prompts) != len(tasks):
-        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
-    else:
-        truncated = [False] * len(prompts)
-    rows = [i for i in range(len(tasks)) for _ in range(n)]
-    out, was_training = [], model.training
-    model.eval()
-    try:
-        for s in tqdm(range(0, len(rows), batch_size), desc="sampling", disable=not progress,
-                      leave=False):
-            idx = rows[s:s + batch_size]
-            gens = fast.generate(model, [prompts[i] for i in idx], max_new_tokens,       # autocast inside
-                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                    stop_ids=[tok.eot_id], generator=generator, return_routes=return_routes)
-            batch = [as_sample(tok, g, i, prompts[i], truncated[i]) for i, g in zip(idx, gens)]
-            if on_batch is not None:
-                on_batch(batch)
-            out += batch
-    finally:
-        model.train(was_training)
-    return out
-
-
 def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p=1.0, top_k=0,
-                 batch_size=64, generator=None, return_routes=False, progress=False):
-    """THE episode loop: RL, eval and agent.py run every multi-turn rollout through it. n episodes per
-    task, rows task by task (the n episodes of task i are contiguous, the group RL needs), batch_size
-    rows at a time through all their turns. `tools` is the episode's tool set (env.py): env.Feedback,
-    the docstring's examples after each attempt (--turns); env.Tools, a repository worked through
-    actions (the agent). The tool set writes the prompt, answers each turn (step: an observation, or
-    None when the episode is over) and judges the end (finish).
+                 batch_size=64, generator=None, return_routes=False, progress=False, prompts=None):
+    """THE episode loop: RL, eval and agent.py run every rollout through it, one turn or many. n
+    episodes per task, rows task by task (the n episodes of task i are contiguous, the group RL
+    needs), batch_size rows at a time through all their turns. `tools` is the episode's tool set
+    (env.py): env.Feedback(1), a single completion (the function tasks' single-turn sampling);
+    env.Feedback(T), the docstring's examples after each attempt (--turns T); env.Tools, a repository
+    worked through actions (the agent). The tool set writes the prompt, answers each turn (step: an
+    observation, or None when the episode is over) and judges the ends (finish, once all is sampled:
+    the sandbox runs in the background while the next batch generates).
+    prompts: token ids per task to continue instead of the tool set's prompt (a repair's context).
 
     Each further turn continues the row's KV cache (generate's past): the turn's last token (unless it
     was end-of-text) and the observation are fed on top of it, nothing is re-read, nothing is
@@ -308,7 +275,12 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
     Result, and what the tool set keeps (Feedback: "results" per attempt; Tools: "repo", "actions",
     "end")}. The tokens a trainer scores are exactly those sampled: rl.algo.flatten joins each turn's
     prompt_ids and tokens back into this stream."""
-    prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
+    if prompts is None:
+        prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
+    elif len(prompts) != len(tasks):
+        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
+    else:
+        truncated = [False] * len(prompts)
     stop = [tok.eot_id] + [tok.tool_ids[t] for t in tools.stop_tokens]
     rows = [i for i in range(len(tasks)) for _ in range(n)]
     episodes, was_training = [], model.training
@@ -341,10 +313,10 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                         x["feedback"], feeds[j], pasts[j] = text, feed, old[j]
                     else:
                         eps[j]["end"] = "context"
-            tools.finish(pool, [(tasks[e["task_idx"]], e) for e in eps])
             episodes += eps
     finally:
         model.train(was_training)
+    tools.finish(pool, [(tasks[e["task_idx"]], e) for e in episodes])   # the verdicts, once all is sampled
     return episodes
 
 
@@ -367,7 +339,11 @@ def encode_prompts(model, tok, tasks, max_new_tokens, render=env.render_prompt):
 
 
 def as_sample(tok, g, task_idx, prompt_ids, prompt_truncated=False):
-    """One generate() output -> the sample dict (see sample_completions)."""
+    """One generate() output -> a turn's sample dict: task_idx, prompt_ids (the ids fed before it),
+    tokens (generated, incl. the stop token if hit), logprobs, text (decoded, without special tokens),
+    completion (text cut by env.extract_completion: what runs), stopped (ended on end-of-text, not on
+    a tool's stop token or max_new_tokens), prompt_truncated (encode_prompts), and routes / past when
+    generate returned them."""
     tokens = list(g["tokens"])
     # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no text: they
     # are dropped from the decoded text, not an error

@@ -12,7 +12,7 @@ ctx.rollout is one of the three rollout functions below, chosen once by train_rl
 (ctx, tasks, stream keys, seed, stats) and returns (samples, results): the samples to train on, each
 labelled with its "group", and the sandbox verdicts that reward them; seed (a Seed) names the
 random stream (rng).
-  single_turn    G completions per task (engine.sample_completions)
+  single_turn    G completions per task (one-turn episodes of engine.run_episodes)
   episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
   repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
   tool_episodes  --agent: G episodes per repository task, worked through tools (env.Tools)
@@ -119,35 +119,22 @@ def signal_groups(scored, adv, keep):
 # Rollout functions: (ctx, tasks, keys, seed, stats) -> (samples, sandbox results)
 
 def single_turn(ctx, tasks, keys, seed, stats):
-    """G completions per task through the shared harness (engine.sample_completions: env's prompt,
-    cut and sandbox, as eval.py), --gen-batch rows per generate() call, each generated batch
-    sandboxed while the next one is generated (no overlap when one call holds the whole round, as
-    in the cpu preset)."""
-    args, futures, t0 = ctx.args, [], time.time()
-
-    def submit(batch):      # sandboxed in the background: generation goes on meanwhile
-        futures.append(ctx.pool.submit_batch([tasks[s["task_idx"]] for s in batch],
-                                             [s["completion"] for s in batch], fractional=args.fractional))
-    kw = sampling_kw(ctx)
-    if args.sample_seeding == "task":      # one RNG per stream index: samples independent of the rank layout
-        samples = []
-        for i, (task, key) in enumerate(zip(tasks, keys)):
-            part = engine.sample_completions(ctx.model, ctx.tok, [task],
-                                             generator=rng(ctx, Seed(task=key, part="task")), **kw)
-            for s in part:
-                s["task_idx"] = i
-            submit(part)
-            samples += part
+    """G completions per task: one-turn episodes of the shared loop (engine.run_episodes with
+    env.Feedback(1): env's prompt, generation, the cut body, the hidden tests, as eval.py samples),
+    --gen-batch rows per generate() call, each batch judged in the sandbox while the next one is
+    generated (no overlap when one call holds the whole round, as in the cpu preset)."""
+    t0, tools = time.time(), env.Feedback(1, ctx.args.fractional)
+    run = lambda part, generator: engine.run_episodes(ctx.model, ctx.tok, part, tools=tools, pool=ctx.pool,
+                                                      generator=generator, **sampling_kw(ctx))
+    if ctx.args.sample_seeding == "task":  # one RNG per stream index: samples independent of the rank layout
+        eps = [{**e, "task_idx": i} for i, (task, key) in enumerate(zip(tasks, keys))
+               for e in run([task], rng(ctx, Seed(task=key, part="task")))]
     else:
-        samples = engine.sample_completions(ctx.model, ctx.tok, tasks, generator=rng(ctx, seed),
-                                            on_batch=submit, **kw)
-    for s in samples:
-        s["group"] = s["task_idx"]            # a task's G samples are its group
-    t1 = time.time()
-    results = [r for f in futures for r in f.result()]
-    stats["gen_s"] += t1 - t0
-    stats["sandbox_s"] += time.time() - t1
-    return samples, results
+        eps = run(tasks, rng(ctx, seed))
+    samples = [{**e["turns"][0], "task_idx": e["task_idx"], "group": e["task_idx"]} for e in eps]
+    stats["gen_s"] += time.time() - t0 - tools.wait_s    # a task's G samples are its group
+    stats["sandbox_s"] += tools.wait_s
+    return samples, [e["result"] for e in eps]
 
 
 def episodes(ctx, tasks, keys, seed, stats):
@@ -198,21 +185,19 @@ def sample_repairs(ctx, tasks, samples, results, seed, stats):
     that resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe
     describes, Kumar et al. 2024; logged as repair_repeat_rate). Returns (repairs, their hidden-test
     results)."""
-    t0 = time.time()
+    t0, tools = time.time(), env.Feedback(1, ctx.args.fractional)
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
-    repairs = engine.sample_completions(ctx.model, ctx.tok, [tasks[i] for i in parents],
-                                        generator=rng(ctx, seed._replace(part="repair")),
-                                        prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
+    eps = engine.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in parents], tools=tools, pool=ctx.pool,
+                              generator=rng(ctx, seed._replace(part="repair")),
+                              prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
+    repairs, out = [e["turns"][0] for e in eps], [e["result"] for e in eps]
     for s in repairs:   # the G repairs of one failure are a group of their own, after the first attempts'
         s["task_idx"], s["repair"] = parents[s["task_idx"]], True
         s["group"] = len(tasks) + s["task_idx"]
         s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
-    t1 = time.time()
-    out = ctx.pool.run_batch([tasks[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs],
-                             fractional=ctx.args.fractional)
-    stats["gen_s"] += t1 - t0
-    stats["sandbox_s"] += time.time() - t1
+    stats["gen_s"] += time.time() - t0 - tools.wait_s
+    stats["sandbox_s"] += tools.wait_s
     stats["repair_roots"] += len(parents)
     stats["repair_n"] += len(out)
     stats["repair_passes"] += sum(r.passed for r in out)

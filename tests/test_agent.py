@@ -124,12 +124,16 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
         assert all(x["feedback"] for x in e["turns"][:-1]) and not e["turns"][-1]["feedback"]
         for x, r in zip(e["turns"], e["results"]):
             assert r.outcome == pool.run_batch([t], [x["completion"]])[0].outcome
-    # one turn is exactly the single-shot sampler (same generator, same batches)
+    # one turn is exactly generate() on the prompts (same generator, same batches): single-turn sampling
     one = engine.run_episodes(model, tok, ts, 3, env.Feedback(1), pool, 1.0, 12, batch_size=8,
                               generator=torch.Generator().manual_seed(0))
-    import eval as evaluation
-    ref = engine.sample_completions(model, tok, ts, 3, 1.0, 12, batch_size=8, generator=torch.Generator().manual_seed(0))
-    assert [e["turns"][0]["tokens"] for e in one] == [s["tokens"] for s in ref]
+    prompts = [tok.encode(env.render_prompt(t)) for t in ts for _ in range(3)]
+    g = torch.Generator().manual_seed(0)
+    ref = [o for i in range(0, 18, 8) for o in fast.generate(model, prompts[i:i + 8], 12, temperature=1.0,
+                                                             stop_ids=[tok.eot_id], generator=g)]
+    assert [e["turns"][0]["tokens"] for e in one] == [o["tokens"] for o in ref]
+    assert [e["result"].outcome for e in one] == [r.outcome for r in pool.run_batch(
+        [ts[e["task_idx"]] for e in one], [e["turns"][0]["completion"] for e in one])]
 
 
 def test_repair_prompt_is_what_the_second_turn_reads(tiny, pool):
@@ -180,24 +184,28 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             return repairs, results
         return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
 
-    find_roots, sample = rollouts.repair_roots, rollouts.engine.sample_completions
+    find_roots, run = rollouts.repair_roots, rollouts.engine.run_episodes
 
     def recorded_roots(*a):
         seen["roots"] = find_roots(*a)
         return seen["roots"]
 
     def resubmitting(*a, **kw):      # with "resubmit": the second repair of each root writes the root's
-        out = sample(*a, **kw)       # code, the others code of their own that fails
+        tools = kw["tools"]          # code, the others code of their own that fails (before the judge)
         if kw.get("prompts") is not None and seen.get("resubmit"):
-            parents = sorted(seen["roots"])
-            for k, s in enumerate(out):
-                root = seen["roots"][parents[s["task_idx"]]][1]["completion"]
-                s["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
-        return out
+            parents, step = sorted(seen["roots"]), tools.step
+
+            def edited(tok, pool, items, more):
+                for k, (_, _, x) in enumerate(items):
+                    root = seen["roots"][parents[x["task_idx"]]][1]["completion"]
+                    x["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
+                return step(tok, pool, items, more)
+            tools.step = edited
+        return run(*a, **kw)
     monkeypatch.setattr(rollouts, "single_turn", rigged_attempts)
     monkeypatch.setattr(rollouts, "sample_repairs", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
-    monkeypatch.setattr(rollouts.engine, "sample_completions", resubmitting)
+    monkeypatch.setattr(rollouts.engine, "run_episodes", resubmitting)
     rounds = []
 
     def one_round():     # rl_step over one round of the tasks ts, its groups recorded and not trained on

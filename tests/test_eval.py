@@ -220,13 +220,16 @@ def test_bits_per_byte_real_model_is_finite(tiny):
         assert math.isfinite(bpb) and bpb > 0
 
 
-def test_sample_completions_shape_determinism_routes(tiny):
+def test_one_turn_samples_shape_determinism_routes(tiny):
+    """Single-turn sampling is one-turn episodes of engine.run_episodes (env.Feedback(1))."""
     model, tok = tiny.models[0], tiny.tok
     tasks = generate_tasks("test", 3, seed=0)
+    pool = env.SandboxPool(workers=1)
+    sample = lambda n, temperature, max_new_tokens, tasks=tasks, **kw: [e["turns"][0] for e in engine.run_episodes(
+        model, tok, tasks, n, env.Feedback(1), pool, temperature, max_new_tokens, **kw)]
     kw = dict(n=2, temperature=1.0, max_new_tokens=12, batch_size=4)
-    a = engine.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5),
-                              return_routes=True, **kw)
-    b = engine.sample_completions(model, tok, tasks, generator=torch.Generator().manual_seed(5), **kw)
+    a = sample(generator=torch.Generator().manual_seed(5), return_routes=True, **kw)
+    b = sample(generator=torch.Generator().manual_seed(5), **kw)
     assert [s["task_idx"] for s in a] == [0, 0, 1, 1, 2, 2]
     assert [s["tokens"] for s in a] == [s["tokens"] for s in b]          # same seed, same samples
     for s in a:
@@ -238,10 +241,11 @@ def test_sample_completions_shape_determinism_routes(tiny):
         assert tuple(s["routes"].shape) == (model.n_moe_layers, len(s["prompt_ids"]) + len(s["tokens"]) - 1,
                                             model.config.top_k)
     assert a[0]["prompt_truncated"]                                     # task 0's prompt is long
-    g = engine.sample_completions(model, tok, tasks, n=2, temperature=0, max_new_tokens=8)
+    g = sample(n=2, temperature=0, max_new_tokens=8)
     assert g[0]["tokens"] == g[1]["tokens"]                              # greedy is deterministic
     # a budget >= the context never cuts a prompt below half the context
-    h = engine.sample_completions(model, tok, tasks[1:2], n=1, temperature=0, max_new_tokens=model.config.seq_len)
+    h = sample(tasks=tasks[1:2], n=1, temperature=0, max_new_tokens=model.config.seq_len)
+    pool.close()
     assert len(h[0]["prompt_ids"]) == min(model.config.seq_len // 2, len(tok.encode(env.render_prompt(tasks[1]))))
 
 

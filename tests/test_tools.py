@@ -11,7 +11,7 @@ import env
 from data.tokenizer import TOOL_TOKENS, Tokenizer, train_tokenizer
 from infra import engine
 from model import GPT, GPTConfig
-from rl.algo import flatten
+from rl.algo import collate, flatten
 from infra.surgery import add_tokens
 
 CONFIG = '"""Settings."""\n\nBASE_RATE = 7\n'
@@ -269,6 +269,8 @@ def test_tool_episodes_are_one_token_stream_of_sampled_and_fed_tokens(tok, pool)
         assert e["turns"][-1]["feedback"] == ""
         ids, cols, tokens, lps = flatten(e)
         assert tokens == [x for s in e["turns"] for x in s["tokens"]]
+        _, tgt, old, routes, _ = collate([e], tok.pad_id, model.n_moe_layers, 2, True)   # the trainer's tensors
+        assert tgt[tgt >= 0].tolist() == tokens and old[tgt >= 0].tolist() == pytest.approx(lps)
         assert lps == [x for s in e["turns"] for x in s["logprobs"]]
         assert [ids[c + 1] for c in cols[:-1]] == tokens[:-1]            # each column predicts the next sampled id
         assert sum(s["routes"].size(1) for s in e["turns"]) == len(ids)  # router replay covers every turn
@@ -281,3 +283,72 @@ def test_tool_episodes_are_one_token_stream_of_sampled_and_fed_tokens(tok, pool)
     done = [(a["action"], a["error"]) for e in eps for a in e["actions"]]
     assert {("ls", None), ("test", None), ("read", "tool"), (None, "format")} <= set(done)
     assert any(s["feedback"].startswith("0 passed, 2 failed") for e in eps for s in e["turns"])
+
+
+# ---------------------------------------------------------------------------------------------
+# agent.py --repo: the same tools on a copy of a user's project
+
+def make_project(root):
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "rates.py").write_text("TAX = 3\n")
+    (root / "shop.py").write_text("from pkg.rates import TAX\n\n\ndef total(prices):\n    return sum(prices) + TAX + 1\n")
+    (root / "test_shop.py").write_text('from shop import total\n\n\ndef test_total():\n    got = total([1, 2])\n'
+                                       '    assert got == 6, f"total([1, 2]) returned {got!r}, expected 6"\n')
+    (root / "secret.py").symlink_to("/etc/passwd")                # a link is never read
+    return root
+
+
+def test_a_project_is_judged_by_its_own_tests_as_they_were(tmp_path, tok, pool):
+    import agent
+    files, test_file = agent.read_project(str(make_project(tmp_path / "p")))
+    assert sorted(files) == ["pkg/__init__.py", "pkg/rates.py", "shop.py", "test_shop.py"] and test_file == "test_shop.py"
+    t, tools = agent.project_task(files, test_file, "total is off by one"), env.Tools()
+    fix = "shop.py\ndef total(prices):\n    return sum(prices) + TAX\n"
+    cheat = "test_shop.py\ndef test_total():\n    pass\n"
+    for edits, passed in (([], False), ([cheat], False), ([fix], True), ([fix, cheat], True)):
+        e, obs = scripted(tok, pool, tools, t, [action(tok, "edit", x) for x in edits] + [action(tok, "submit")])
+        tools.finish(pool, [(t, e)])
+        assert e["result"].passed == passed, edits
+    with pytest.raises(ValueError, match="no test_"):
+        agent.read_project(str(tmp_path / "p" / "pkg"))
+    with pytest.raises(ValueError, match="no directory"):
+        agent.read_project(str(tmp_path / "nowhere"))
+
+
+def test_agent_repo_writes_a_copy_and_the_project_only_with_apply(tmp_path, tok, pool, monkeypatch, capsys):
+    """agent.py --repo end to end on a checkpoint with tool tokens; the episode is scripted (a fix, a
+    test run, submit) so that there is a change to keep: it lands in --out-dir/repo, and in the
+    project itself only with --apply."""
+    import json
+    import agent
+    from infra import common
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=256, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
+                          n_expert=1, top_k=1, n_shared_expert=0, expert_hidden=32))
+    ckpt = str(tmp_path / "m.pt")
+    common.save_checkpoint(ckpt, model, tok)
+    fix = "shop.py\ndef total(prices):\n    return sum(prices) + TAX\n"
+
+    def scripted_episodes(model, tok, tasks, n, tools, pool, *a, **kw):
+        t = tasks[0]
+        e = {"task_idx": 0, "turns": [], **tools.start(t)}
+        for ids in (action(tok, "edit", fix), action(tok, "test"), action(tok, "submit")):
+            x = turn(tok, ids)
+            x["feedback"] = tools.step(tok, pool, [(t, e, x)], True)[0] or ""
+            e["turns"].append(x)
+        tools.finish(pool, [(t, e)])
+        return [e]
+    monkeypatch.setattr(agent.engine, "run_episodes", scripted_episodes)
+    for apply in (False, True):
+        project = make_project(tmp_path / f"p{apply}")
+        before = (project / "shop.py").read_text()
+        out = tmp_path / f"out{apply}"
+        agent.main(["--preset", "smoke", "--ckpt", ckpt, "--repo", str(project), "--out-dir", str(out)]
+                   + ["--apply"] * apply)
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["passed"] and summary["changed"] == ["shop.py"] and summary["applied"] == apply
+        assert (out / "repo" / "shop.py").read_text() == before.replace(" + TAX + 1", " + TAX")
+        assert ((project / "shop.py").read_text() != before) == apply
+        assert "2 passed" not in (out / "transcript.txt").read_text() and "1 passed, 0 failed" in \
+            (out / "transcript.txt").read_text()
