@@ -254,7 +254,8 @@ def prepare(args, mix, user_data, tok, cache_dir, heldout, generated=None):
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     part = [d for _, d in docs[i:i + 512]]
                     for d, ids in zip(part, tok.encode_batch(part)):
-                        ids = encode_doc(tok, d) if hasattr(d, "context") else ids   # a transcript
+                        if hasattr(d, "context") or hasattr(d, "segments"):   # a transcript: context marked
+                            ids = encode_doc(tok, d)
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}
 

@@ -92,3 +92,27 @@ def test_bits_per_byte_skips_special_tokens():
     nll = torch.tensor([1.0, 2.0, 5.0, 7.0])
     assert corpus.nats_and_bytes_of(nll, torch.tensor([0, 1, 2, -1]), nbytes) == (3.0, 3)
     assert corpus.to_bits_per_byte(3.0, 3) == pytest.approx(1 / math.log(2))
+
+
+def test_prepared_agent_cache_holds_tool_tokens_and_marks_context(tmp_path):
+    """The "agent" source through corpus.prepare itself (the path train_pretrain.py takes): its cache
+    holds the tool tokens as their ids (never as spelt-out text) and every issue and observation id
+    as context (id + vocab size, no target); the actions are targets. Fails when prepare encodes a
+    transcript as plain text."""
+    import numpy as np
+    import env
+    from data import repos
+    from data.tokenizer import train_tokenizer
+    ts = repos.generate_repo_tasks("train", 12, seed=0, difficulties=[1, 2])
+    with env.SandboxPool(workers=1) as pool:
+        docs = repos.transcripts(ts, pool)
+    tok = train_tokenizer(list(docs), 400).with_tools()
+    args = SimpleNamespace(source_mb=0, val_frac=0.0)
+    prep = corpus.prepare(args, {"agent": 1.0}, {}, tok, str(tmp_path), lambda d: False,
+                          {"agent": lambda: iter(docs)})
+    ids = np.concatenate([a for a in corpus.open_caches(prep).values()]).astype(np.int64).tolist()
+    V, tools = tok.vocab_size, set(tok.tool_ids.values())
+    assert {tok.tool_ids["<|read|>"], tok.tool_ids["<|end|>"], tok.tool_ids["<|edit|>"]} <= set(ids)   # targets
+    assert tok.tool_ids["<|obs|>"] + V in ids and tok.tool_ids["<|obs|>"] not in ids                    # context
+    assert "<|end|>" not in tok.decode([i % V for i in ids if i % V not in tools])                     # never text
+    assert tok.decode([i - V for i in ids if i >= V]).startswith("# Issue")
