@@ -44,8 +44,10 @@ if [ "$AGENT" = 1 ]; then
   run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \
     --mix stdlib=0.15,tasks=0.35,agent=0.5 --task-difficulties 1-3 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
   BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
+  # --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
+  # clock, more and smaller steps
   run_stage rl python train_rl.py --preset "$PRESET" --agent --init-from "$BOOT_CKPT" --out-dir "$OUT/rl" \
-    --eval-tasks 0
+    --eval-tasks 0 --no-dynamic-sampling
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --agent --ckpt "$BOOT_CKPT" --ckpt "$RL_CKPT" \
     --label boot --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"

@@ -9,7 +9,7 @@ function to implement or fix, its visible tests) in which an agent must write or
 Why: a function task (tasks.py) puts everything the solver needs in the prompt. An agent in a
 repository must look for it. Here the fact the solution needs, the value of one integer constant,
 lives only in the config file: the docstring says "N (N: the value set in config.py)", the function
-name carries the constant's name, never its value, and the issue text never states it (except for
+name is a short verb_noun that carries nothing, and the issue text never states it (except for
 fact_in="prompt", the control where the issue does). So a solver that never reads the config file
 can only guess. counterfactual() changes that value and the hidden outputs with it: a solution that
 reads the constant passes both, one that hard-codes the value (read or guessed) fails one.
@@ -39,10 +39,17 @@ ADJECTIVES = ["BASE", "UPPER", "LOWER", "DEFAULT", "TARGET", "INITIAL", "EXTRA",
 NOUNS = ["RATE", "BONUS", "LEVEL", "LIMIT", "OFFSET", "FACTOR", "THRESHOLD", "MARGIN", "QUOTA", "STEP",
          "WEIGHT", "SCALE"]
 MODULES = ["report", "scores", "stats", "orders", "ledger", "inventory"]
+# A function's name: a verb and a noun (the docstring says what it does). World names spell out every
+# step (count_above_16_times_4): an edit must repeat the name exactly, and copying 30 characters is
+# not the skill these tasks are about.
+VERBS = ["tally", "adjust", "convert", "process", "prepare", "transform", "summarize", "rework", "refine",
+         "score", "measure", "update"]
+OBJECTS = ["orders", "values", "entries", "records", "items", "readings", "totals", "amounts", "points",
+           "labels", "rows", "data"]
 CONFIGS = ["config", "settings", "constants"]
 # a word that is a keyword or builtin (max, min, sum, ...) would read as code, not as a setting
 _RESERVED = set(dir(builtins)) | set(keyword.kwlist)
-assert not {w.lower() for w in ADJECTIVES + NOUNS + MODULES + CONFIGS} & _RESERVED
+assert not {w.lower() for w in ADJECTIVES + NOUNS + MODULES + CONFIGS + VERBS + OBJECTS} & _RESERVED
 
 KINDS = ("implement", "fix")
 FACT_IN = ("file", "prompt")
@@ -94,20 +101,17 @@ def _outputs(program, inputs):
 
 # ----------------------------------------------------------------------------- rendering the files
 
-def _describe(program, arg, fact_i, const, config_file):
-    """(function name, docstring line) as world.describe, but the fact step names the constant in
-    lower case (count_above_16 -> count_above_base_rate) and states it as N, found in the config."""
-    names, phrases = [], []
+def _describe(r, program, arg, fact_i, config_file):
+    """(function name, docstring line): a short name (VERBS x OBJECTS) and world.describe's docstring,
+    except that the fact step states its constant as N, found in the config."""
+    phrases = []
     for i, (key, consts) in enumerate(program.steps):
         p = world.PRIMS[key]
         if i == fact_i:
-            names.append(p.name.format(c=const.lower()))
             phrases.append(p.phrase.format(c="N") + f" (N: the value set in {config_file})")
             continue
-        names.append(p.name.format(**{s: world._slug(c) for (s, _), c in zip(p.consts, consts)}))
         phrases.append(p.phrase.format(**{s: repr(c) for (s, _), c in zip(p.consts, consts)}))
-    name = "_".join(names)
-    name = "compute_" + name if hasattr(builtins, name) or keyword.iskeyword(name) else name
+    name = r.choice(VERBS) + "_" + r.choice([o for o in OBJECTS if o != arg])
     return name, f"Take {arg}, " + ", then ".join(phrases) + ", and return the result."
 
 
@@ -189,7 +193,7 @@ def _build(r, task_id, split, program, spec, kind, fact_in, fact_i):
     module = r.choice([m for m in MODULES if m != arg])       # `from scores import *` next to an arg `scores`
     config = r.choice(CONFIGS)
     config_file, test_file = f"{config}.py", f"test_{module}.py"
-    name, doc = _describe(program, arg, fact_i, const, config_file)
+    name, doc = _describe(r, program, arg, fact_i, config_file)
     n_vis = min(len(spec["inputs"]), max(N_VISIBLE[0], min(spec["n_examples"], N_VISIBLE[1])))
     cases = list(zip(spec["inputs"], spec["outputs"]))
     head = f'def {name}({arg}):\n    """{doc}"""\n'
@@ -387,8 +391,8 @@ def plan(task, r):
     module, steps = f"{task.module}.py", []
     if r.random() < 0.3:
         steps.append(("read", task.test_file))            # the tests first: the wrong file for the fact
-    if r.random() < 0.5:
-        steps.append(("ls", ""))
+    elif r.random() < 0.5:
+        steps.append(("ls", ""))                          # (at most 8 actions: env.Tools' step limit)
     steps.append(("read", module))
     if r.random() < 0.2:                                  # a guess, a failing run, then the read
         guess = r.choice([c for c in range(0, 10) if c != task.fact["value"]])
