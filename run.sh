@@ -38,16 +38,16 @@ if [ "$AGENT" = 1 ]; then
   # agent before and after RL against no tools and an all-files oracle, per slice, on a fresh seed.
   case $PRESET in
     smoke) BOOT_ARGS=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
-    cpu)   BOOT_ARGS=(--max-steps 400 --agent-n 4000 --seq-len 1024 --micro-batch 4) ;;
+    cpu)   BOOT_ARGS=(--max-steps 800 --agent-n 8000 --seq-len 1024 --micro-batch 4) ;;
     *)     BOOT_ARGS=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
   esac
   run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \
-    --mix stdlib=0.15,tasks=0.35,agent=0.5 --task-difficulties 1-3 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
+    --mix stdlib=0.1,tasks=0.3,agent=0.6 --task-difficulties 1-2 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
   BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
   # --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
-  # clock, more and smaller steps
+  # clock, more and smaller steps. Levels 1-2, the eval's: the bootstrapped agent passes few of them.
   run_stage rl python train_rl.py --preset "$PRESET" --agent --init-from "$BOOT_CKPT" --out-dir "$OUT/rl" \
-    --eval-tasks 0 --no-dynamic-sampling
+    --eval-tasks 0 --no-dynamic-sampling --difficulties 1-2
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --agent --ckpt "$BOOT_CKPT" --ckpt "$RL_CKPT" \
     --label boot --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"
