@@ -4,8 +4,9 @@ run_episodes, as train_rl.py and eval.py run it). Two tool sets:
 
 --repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
 one action per turn (ls, read, edit a function, run the tests, submit), and this prints every action
-and observation. The verdict is the project's own test files, as they were, run on the final copy. The
-directory itself is never written unless --apply is given; the final copy goes to --out-dir/repo.
+and observation. The tests are the top-level test_* functions of its first test_*.py file (at the
+directory's top level); the verdict is that file, as it was, run on the final copy. The directory
+itself is never written unless --apply is given; the final copy goes to --out-dir/repo.
     python agent.py --ckpt runs/cpu/rl/ckpt.pt --repo my_project        # after AGENT=1 bash run.sh
     python agent.py --ckpt CKPT --repo my_project --issue "sum_prices in shop.py is off by one" --apply
 
@@ -69,12 +70,13 @@ def user_task(text):
     return task
 
 
-MAX_FILES, MAX_FILE_CHARS = 50, 20_000     # a small project: larger ones are refused, not cut
+MAX_FILES = 50     # a small project (and files of at most env.MAX_FILE_CHARS): larger ones are refused
 
 
 def read_project(root):
-    """{relative path: text} of the project's .py files (no links, nothing hidden, no __pycache__),
-    or a one-line error (ValueError)."""
+    """({relative path: text} of the project's .py files, its test file), or a one-line error
+    (ValueError). Links, hidden files and directories and __pycache__ are skipped; a file that is not
+    UTF-8 is refused; line ends are kept as they are (newline="")."""
     if not os.path.isdir(root):
         raise ValueError(f"--repo: no directory {root!r}")
     files = {}
@@ -83,16 +85,23 @@ def read_project(root):
                          and not os.path.islink(os.path.join(here, d)))
         for name in sorted(names):
             path = os.path.join(here, name)
-            if name.endswith(".py") and not os.path.islink(path):
+            if name.endswith(".py") and not name.startswith(".") and not os.path.islink(path):
                 rel = os.path.relpath(path, root).replace(os.sep, "/")
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    files[rel] = f.read(MAX_FILE_CHARS + 1)
-                if len(files[rel]) > MAX_FILE_CHARS or len(files) > MAX_FILES:
+                try:
+                    with open(path, encoding="utf-8", newline="") as f:
+                        files[rel] = f.read(env.MAX_FILE_CHARS + 1)
+                except UnicodeDecodeError:
+                    raise ValueError(f"--repo: {rel} is not UTF-8 text") from None
+                if len(files[rel]) > env.MAX_FILE_CHARS or len(files) > MAX_FILES:
                     raise ValueError(f"--repo: {rel}: the agent works small projects (at most {MAX_FILES} "
-                                     f"files of {MAX_FILE_CHARS} characters)")
-    tests = [p for p in files if os.path.basename(p).startswith("test") and "/" not in p]
+                                     f"files of {env.MAX_FILE_CHARS} characters)")
+    tests = [p for p in files if p.startswith("test_")]
     if not tests:
         raise ValueError(f"--repo {root}: no test_*.py file at its top level to run")
+    try:      # its top-level test_* functions are what runs (no unittest classes, no pytest fixtures)
+        env.visible_run(SimpleNamespace(task_id="user/repo", test_file=tests[0]), files)
+    except ValueError:
+        raise ValueError(f"--repo: {tests[0]} has no top-level test_* function to run") from None
     return files, tests[0]
 
 
@@ -134,9 +143,9 @@ def run_repo(args, model, tok, gen):
     for p in changed:
         dest = os.path.join(args.out_dir, "repo", p)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with common.atomic_open(dest) as f:
+        with open(dest, "w", encoding="utf-8", newline="") as f:
             f.write(ep["repo"][p])
-        if args.apply:                     # only when asked: the user's own files
+        if args.apply:                     # only when asked: the user's own files, each replaced atomically
             with common.atomic_open(os.path.join(args.repo, p)) as f:
                 f.write(ep["repo"][p])
     with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:

@@ -280,9 +280,10 @@ def bench_generation(quick, device=CPU):
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
     forward-only tokens/s (no grad, 16 x 256 tokens), fast.generate_retiring tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (engine.run_episodes, one-turn episodes, called as train_rl.py's cpu preset
-    calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts included; and the same with the decode
-    step compiled, --compile-decode, timed after its compile; None where compiling failed,
+    RL loop's own sampling (engine.run_episodes, one-turn episodes, called as train_rl.py's cpu
+    preset calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts;
+    and the same with the decode step compiled, --compile-decode, timed after its compile; None where
+    compiling failed,
     rl_generation_compiled_error says why). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep.
@@ -657,8 +658,8 @@ def rel_err(got, want):
 # aten ops that read a tensor's data on the host: on CUDA each waits for the queue (a sync). .item(),
 # bool(), int(), float() and use as an index all end in _local_scalar_dense; a boolean-mask index and
 # masked_scatter size their output from the mask; bincount reads the max; unique and nonzero their count.
-HOST_READING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "masked_scatter", "bincount", "_unique2",
-                    "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
+HOST_READING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "masked_scatter", "bincount",
+                    "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
 
 
 def count_host_syncs(fn, device):
@@ -1192,8 +1193,8 @@ elif __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
                         "compiled: about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules (train_mtp.py); "
-                        "episodes: an agent checkpoint (run.sh AGENT=1's boot or rl)")
+    parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules "
+                        "(train_mtp.py); episodes: an agent checkpoint (run.sh AGENT=1's boot or rl)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "
                         f"{', '.join(CPU_PARTS)} run on the CPU whatever it says")
     args = parser.parse_args()

@@ -245,8 +245,11 @@ def check_path(repo, path):
 def replace_function(source, definition, path="the file"):
     """`source` with its top-level function of the same name as `definition` (one whole `def`)
     replaced by it; ValueError with a one-line message if the definition is not one function, names
-    none of the file's, or the result does not parse."""
-    definition = textwrap.dedent(definition).strip("\n") + "\n"
+    none of the file's, or the result does not parse. Line ends become "\n" (ast's line numbers count
+    only \n, \r\n and \r: str.splitlines would also split at a form feed or U+2028 and splice the
+    wrong lines)."""
+    definition = textwrap.dedent(definition.replace("\r\n", "\n").replace("\r", "\n")).strip("\n") + "\n"
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
         new = ast.parse(definition).body
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
@@ -262,8 +265,8 @@ def replace_function(source, definition, path="the file"):
     if not old:
         raise ValueError(f"error: no function {name!r} in {path}")
     first = min([old[-1].lineno] + [d.lineno for d in old[-1].decorator_list])
-    lines = source.splitlines(keepends=True)
-    out = "".join(lines[:first - 1]) + definition + "".join(lines[old[-1].end_lineno:])
+    lines = source.split("\n")
+    out = "\n".join(lines[:first - 1] + [definition.removesuffix("\n")] + lines[old[-1].end_lineno:])
     if len(out) > MAX_FILE_CHARS:
         raise ValueError(f"error: {path} would exceed {MAX_FILE_CHARS} characters")
     try:
@@ -348,6 +351,21 @@ def hidden_run(task, repo):
     return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs, None)
 
 
+def tool_calls(actions):
+    """The tool calls among an episode's actions: every action but a malformed one (a format error)."""
+    return sum(a["error"] != "format" for a in actions)
+
+
+def action_segments(name, payload):
+    """An action as a transcript's pieces (text, context?, special?): what parse_action reads."""
+    return [(f"<|{name}|>", False, True), (payload, False, False), ("<|end|>", False, True)]
+
+
+def observation_segments(text):
+    """An observation as a transcript's pieces: Tools.feed_ids's tokens, context only."""
+    return [("<|obs|>", True, True), (text, True, False), ("<|/obs|>", True, True)]
+
+
 def test_report(result):
     """A visible test run as the agent reads it."""
     if result.outcome == "sandbox_error":
@@ -392,7 +410,8 @@ class Tools:
                 try:
                     if act["action"] not in self.actions:
                         raise ValueError(f"error: <|{act['action']}|> is not available here")
-                    text = self.apply(task, e, act["action"], payload, act, runs, i)
+                    text, run = self.apply(task, e, act["action"], payload, act)
+                    runs += [(i, run)] if run else []
                 except ValueError as err:
                     act["error"], text = "tool", str(err)
             e["actions"].append(act)
@@ -408,23 +427,23 @@ class Tools:
             obs[i] = test_report(r)
         return obs
 
-    def apply(self, task, e, name, payload, act, runs, i):
-        """One action on e["repo"]: its observation (a test run's is filled in after the batch)."""
+    def apply(self, task, e, name, payload, act):
+        """One action on e["repo"]: (its observation, the sandbox run that makes it, or None); a test
+        run's observation is its test_report, filled in after the turn's batch."""
         repo = e["repo"]
         if name == "ls":
-            return "\n".join(sorted(repo))
+            return "\n".join(sorted(repo)), None
         if name == "read":
             act["path"] = check_path(repo, payload)
-            return cap(repo[act["path"]])
+            return cap(repo[act["path"]]), None
         if name == "edit":
             path, _, definition = payload.partition("\n")
             act["path"] = check_path(repo, path)
             repo[act["path"]], act["function"] = replace_function(repo[act["path"]], definition, act["path"])
-            return f"replaced {act['function']} in {act['path']}"
+            return f"replaced {act['function']} in {act['path']}", None
         if name == "test":
-            runs.append((i, visible_run(task, repo)))
-            return ""                                 # filled in after the turn's batch
-        return ""                                     # submit: the episode is over
+            return "", visible_run(task, repo)
+        return "", None                               # submit: the episode is over
 
     def finish(self, pool, items):
         """The judge's verdict on each episode's final repository: its "result"."""

@@ -484,8 +484,8 @@ def episode_record(task, e):
             edits, informed = edits + 1, informed + (task.config_file in read)
     return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e["result"].passed),
             "outcome": e["result"].outcome, "n_tokens": sum(len(t["tokens"]) for t in e["turns"]),
-            "turns": len(e["turns"]), "tool_calls": sum(a["error"] != "format" for a in e["actions"]),
-            "format_errors": sum(a["error"] == "format" for a in e["actions"]), "end": e["end"],
+            "turns": len(e["turns"]), "tool_calls": env.tool_calls(e["actions"]),
+            "format_errors": len(e["actions"]) - env.tool_calls(e["actions"]), "end": e["end"],
             "edits": edits, "informed_edits": informed,
             "actions": [f"{a['action']} {a['path'] or ''}".strip() + (" (error)" if a["error"] else "")
                         for a in e["actions"]]}
@@ -513,7 +513,8 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
     out.update(read_before_edit=sum(r["informed_edits"] for r in records) / edits if edits else None,
                tool_calls=mean("tool_calls"), turns=mean("turns"), format_errors=mean("format_errors"),
                step_limit=sum(r["end"] == "step_limit" for r in records) / max(1, len(records)),
-               mean_len=mean("n_tokens"), records=records)
+               mean_len=mean("n_tokens"), records=records,
+               sandbox_errors=sum(r["outcome"] == "sandbox_error" for r in records))
     return out
 
 
@@ -525,8 +526,9 @@ def follow_rate(pool, twins, originals, records):
     orig = [by_id[r["task_id"].removesuffix("/cf")] for r in records]
     runs = [env.hidden_run(t, r["episode"]["repo"]) for t, r in zip(orig, records)]
     old = pool.run_batch(runs, [""] * len(runs))
-    either = [r["passed"] or o.passed for r, o in zip(records, old)]
-    return sum(r["passed"] for r in records) / sum(either) if any(either) else None
+    scored = [(r, o) for r, o in zip(records, old) if "sandbox_error" not in (r["outcome"], o.outcome)]
+    either = sum(r["passed"] or o.passed for r, o in scored)     # a sandbox failure is no one's verdict
+    return sum(r["passed"] for r, _ in scored) / either if either else None
 
 
 def evaluate_agent_checkpoint(args, path, suites, pool, device):

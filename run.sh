@@ -45,7 +45,7 @@ if [ "$AGENT" = 1 ]; then
     --mix stdlib=0.1,tasks=0.3,agent=0.6 --task-difficulties 1-2 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
   BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
   # --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
-  # clock, more and smaller steps. Levels 1-2, the eval's: the bootstrapped agent passes few of them.
+  # clock, more and smaller steps. Levels 1-2 (the cpu eval's), where the bootstrapped agent has signal.
   run_stage rl python train_rl.py --preset "$PRESET" --agent --init-from "$BOOT_CKPT" --out-dir "$OUT/rl" \
     --eval-tasks 0 --no-dynamic-sampling --difficulties 1-2
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
@@ -56,7 +56,8 @@ if [ "$AGENT" = 1 ]; then
   echo "artefacts:"
   echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT)"
   echo "  bootstrap   : $OUT/boot/      (tool tokens, oracle transcripts, longer context: $BOOT_CKPT)"
-  echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl; try: python agent.py --ckpt $RL_CKPT --repo DIR)"
+  echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
+  echo "                try: python agent.py --ckpt $RL_CKPT --repo DIR"
   echo "  evaluation  : $OUT/eval/      (agent.md side-by-side table, agent.json, episodes-*.jsonl, figures)"
   [ -f "$OUT/eval/agent.md" ] && cat "$OUT/eval/agent.md"
   exit 0

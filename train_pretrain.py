@@ -250,7 +250,9 @@ if args.dry_run:
 # the code that makes the data.
 PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "agent_n", "source_mb",
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
-DATA_CODE = ("corpus", "tasks", "world", "families", "repair", "repos", "tokenizer")
+DATA_CODE = ("data/corpus.py", "data/tasks.py", "data/world.py", "data/families.py", "data/repair.py",
+             "data/repos.py", "data/tokenizer.py",
+             "env.py", "infra/sandbox_worker.py")    # the harness whose observations the transcripts hold
 
 
 def prepared_data():
@@ -264,7 +266,7 @@ def prepared_data():
                   else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs])
     files = sorted((f, os.path.getsize(f), os.path.getmtime(f)) for f in paths)
     here = os.path.dirname(os.path.abspath(__file__))
-    code = [open(os.path.join(here, "data", f"{m}.py")).read() for m in DATA_CODE]
+    code = [open(os.path.join(here, path)).read() for path in DATA_CODE]
     key = corpus.doc_hash(json.dumps([{k: getattr(args, k) for k in PREP_ARGS}, mix, user_data, files,
                                       sys.version, tok.fingerprint() if args.init_from else None, code]))[:16]
     manifest = os.path.join(cache_dir, f"prepared-{key}.json")

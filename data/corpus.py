@@ -177,11 +177,12 @@ def encode_doc(tok, doc):
     """A transcript's ids, with its context stored as id + vocab_size: read by the model, never a
     target (inputs_targets). A repair transcript's context is its wrong attempt and feedback (cuts after
     newlines, so the ids are those of the whole); an agent transcript's (data/repos.py) is its issue
-    and observations, given as segments (text or a special token's name, context or not)."""
+    and observations, given as segments (text, context?, special?: a special token's name, marked as
+    such, so that no text becomes a special token)."""
     if hasattr(doc, "segments"):
         ids = []
-        for piece, context in doc.segments:
-            part = [tok.specials[piece]] if piece in tok.specials else tok.encode(piece)
+        for piece, context, special in doc.segments:
+            part = [tok.specials[piece]] if special else tok.encode(piece)
             ids += [i + tok.vocab_size for i in part] if context else part
         return ids
     a, b = doc.context

@@ -374,7 +374,8 @@ def solved_files(task):
 
 class Transcript(str):
     """An oracle episode's text (special tokens spelt out), and `segments`: its pieces in order, each
-    (text or a special token, context?); corpus.encode_doc turns them into ids."""
+    (text, context?, special?): a special piece is a special token's name, never text to encode;
+    corpus.encode_doc turns them into ids."""
     segments = ()
 
 
@@ -394,9 +395,11 @@ def plan(task, r):
     elif r.random() < 0.5:
         steps.append(("ls", ""))                          # (at most 8 actions: env.Tools' step limit)
     steps.append(("read", module))
-    if r.random() < 0.2:                                  # a guess, a failing run, then the read
-        guess = r.choice([c for c in range(0, 10) if c != task.fact["value"]])
-        steps += [("edit", f"{module}\n" + short_definition(task, str(guess))), ("test", "")]
+    n_vis = _visible_count(task)
+    wrong = [c for c in range(10) if c != task.fact["value"]
+             and (_reference_outputs(task, c) or [])[:n_vis] != task.outputs[:n_vis]]
+    if wrong and r.random() < 0.2:                        # a guess that fails a visible test, then the read
+        steps += [("edit", f"{module}\n" + short_definition(task, str(r.choice(wrong)))), ("test", "")]
     elif r.random() < 0.4:
         steps.append(("test", ""))                        # the failing run before the fix
     steps += [("read", task.config_file), ("edit", f"{module}\n" + short_definition(task)), ("test", ""),
@@ -418,23 +421,23 @@ def transcripts(tasks, pool, seed=0):
         oracle = r.random() < ORACLE_FRAC
         tools = env.Tools(inline=True) if oracle else env.Tools()
         steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else plan(t, r)
-        e, segs = tools.start(t), [(tools.prompt(t), True)]
+        e, segs = tools.start(t), [(tools.prompt(t), True, False)]
         for name, payload in steps:
-            segs += [(f"<|{name}|>", False), (payload, False), ("<|end|>", False)]
+            segs += env.action_segments(name, payload)
             if name == "submit" or oracle:          # the oracle's one action ends its episode
                 break
-            act, todo = {}, []
-            obs = tools.apply(t, e, name, payload, act, todo, len(segs))
-            runs += [(len(docs), len(segs) + 1, run) for _, run in todo]    # filled in below
-            segs += [("<|obs|>", True), (obs, True), ("<|/obs|>", True)]
+            obs, run = tools.apply(t, e, name, payload, {})
+            if run:                                 # a test run: its report is filled in below
+                runs.append((len(docs), len(segs) + 1, run))
+            segs += env.observation_segments(obs)
         docs.append(segs)
     results = pool.run_batch([run for _, _, run in runs], [""] * len(runs))
     for (d, at, _), r in zip(runs, results):
-        docs[d][at] = (env.test_report(r), True)
+        docs[d][at] = (env.test_report(r), True, False)
     out = []
     for segs in docs:
-        segs = [(text, ctx) for text, ctx in segs if text]
-        doc = Transcript("".join(text for text, _ in segs))
+        segs = [s for s in segs if s[0]]
+        doc = Transcript("".join(text for text, _, _ in segs))
         doc.segments = segs
         out.append(doc)
     return out

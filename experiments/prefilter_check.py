@@ -54,8 +54,9 @@ def main(argv=None):
     _, kept = rollouts.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
     kept = set(kept)
     with env.SandboxPool(timeout_s=1.0) as pool:    # one-turn episodes of the loop RL samples in
-        eps = engine.run_episodes(model, tok, tasks, args.group_size, env.Feedback(1), pool, args.temperature,
-                                  args.max_new_tokens, batch_size=128, generator=torch.Generator().manual_seed(0))
+        eps = engine.run_episodes(model, tok, tasks, args.group_size, env.Feedback(1), pool,
+                                  args.temperature, args.max_new_tokens, batch_size=128,
+                                  generator=torch.Generator().manual_seed(0))
     passes = Counter()
     for e in eps:
         passes[e["task_idx"]] += e["result"].passed

@@ -278,7 +278,8 @@ def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
     of every other source, times each source's size (capped at --source-mb); training the tokenizer
     at --vocab-size on the sample, times the --tok-train-mb it trains on (none when `tok`, e.g.
     --init-from's, is given); the held-out index, as it is. Repair and agent transcripts (--repair-frac,
-    --agent-n: sandbox runs) are not counted. About 2 s; `bench.py gpu-check` reports the measured time beside it."""
+    --agent-n: sandbox runs) are not counted. About 2 s; `bench.py gpu-check` reports the measured time
+    beside it."""
     import math
     import time
     from collections import Counter

@@ -114,10 +114,13 @@ def n_generated(s):
 
 
 def length_units(s, call_tokens, turn_tokens):
-    """The length the length cost counts (Composer 2: a weighted count of tokens, tool calls and
-    turns): every generated token, plus call_tokens per tool call (--agent's actions, malformed ones
-    excepted) and turn_tokens per turn after the first. A single-turn sample counts its tokens."""
-    calls = sum(a["error"] != "format" for a in s.get("actions", ()))
+    """The length the length cost counts: every generated token; a tool episode (--agent, with
+    "actions") adds call_tokens per tool call (malformed actions excepted) and turn_tokens per turn
+    after the first (Composer 2: a weighted count of tokens, tool calls and turns). A sample or a
+    --turns episode counts its tokens alone."""
+    if "actions" not in s:
+        return n_generated(s)
+    calls = sum(a["error"] != "format" for a in s["actions"])
     return n_generated(s) + call_tokens * calls + turn_tokens * (len(turns_of(s)) - 1)
 
 

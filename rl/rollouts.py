@@ -89,9 +89,9 @@ def tally_samples(tasks, samples, results, scored, keep, stats):
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
-        for a in s.get("actions", ()):        # --agent: the tool calls, and the malformed actions
-            stats["tool_calls_sum"] += a["error"] != "format"
-            stats["format_errors_sum"] += a["error"] == "format"
+        if "actions" in s:                    # --agent: the tool calls, and the malformed actions
+            stats["tool_calls_sum"] += env.tool_calls(s["actions"])
+            stats["format_errors_sum"] += len(s["actions"]) - env.tool_calls(s["actions"])
     level = {s["group"]: tasks[s["task_idx"]].difficulty for s, _ in scored}
     signal = {s["group"] for (s, _), k in zip(scored, keep.tolist()) if k}
     stats["groups"] += len(level)

@@ -268,7 +268,7 @@ def test_transcripts_are_episodes_the_harness_would_run():
             oracle = "# file: " in segs[0][0]        # eval.py's oracle baseline: files inlined, one edit
             one_edit = env.Tools(inline=True, actions=("edit", "submit"), max_actions=1)
             tools = one_edit if oracle else env.Tools()
-            assert segs[0] == (tools.prompt(t), True) and "".join(p for p, _ in segs) == doc
+            assert segs[0] == (tools.prompt(t), True, False) and "".join(p for p, _, _ in segs) == doc
             e, k, seen = tools.start(t), 1, []
             while k < len(segs):
                 name, payload = segs[k][0], segs[k + 1][0] if segs[k + 1][0] != "<|end|>" else ""
@@ -278,7 +278,7 @@ def test_transcripts_are_episodes_the_harness_would_run():
                 seen.append((name[2:-2], payload))
                 if obs is None:
                     break
-                assert segs[k:k + 3] == [("<|obs|>", True), (obs, True), ("<|/obs|>", True)], name
+                assert segs[k:k + 3] == env.observation_segments(obs), name
                 k += 3
             names = [a for a, _ in seen]
             assert k == len(segs) and (names == ["edit"] if oracle else names[-1] == "submit")

@@ -97,6 +97,10 @@ def test_replace_function():
     decorated = "import functools\n\n@functools.cache\ndef f(x):\n    return 1\n\n\ndef g():\n    pass\n"
     assert env.replace_function(decorated, "def f(x):\n    return 2", "m.py")[0] == \
         "import functools\n\ndef f(x):\n    return 2\n\n\ndef g():\n    pass\n"
+    # ast counts lines at \n, \r\n and \r only: a form feed or U+2028 in the file moves nothing
+    odd = 'x = "a\u2028b"\n\x0c\ndef f():\n    return 1\n\n\ndef g():\r\n    return 2\r\n'
+    assert env.replace_function(odd, "def f():\n    return 3\n", "m.py")[0] == \
+        'x = "a\u2028b"\n\x0c\ndef f():\n    return 3\n\n\ndef g():\n    return 2\n'
     for bad, why in [("def add_rate(n:\n    return 1", "does not parse"), ("x = 1", "one whole `def`"),
                      ("def f():\n    pass\ndef g():\n    pass", "one whole `def`"),
                      ("def other(n):\n    return 1", "no function 'other'"), ("class add_rate: pass", "one whole"),
@@ -314,6 +318,16 @@ def test_a_project_is_judged_by_its_own_tests_as_they_were(tmp_path, tok, pool):
         agent.read_project(str(tmp_path / "p" / "pkg"))
     with pytest.raises(ValueError, match="no directory"):
         agent.read_project(str(tmp_path / "nowhere"))
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "test_x.py").write_text("import unittest\n\n\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+                                   "        pass\n")
+    with pytest.raises(ValueError, match="no top-level test_"):      # refused before any sampling
+        agent.read_project(str(odd))
+    (odd / "test_x.py").write_text("def test_a():\n    pass\n")
+    (odd / "bad.py").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        agent.read_project(str(odd))
 
 
 def test_agent_repo_writes_a_copy_and_the_project_only_with_apply(tmp_path, tok, pool, monkeypatch, capsys):
