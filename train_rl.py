@@ -127,7 +127,9 @@ g.add_argument("--repair-groups", action="store_true",
 g.add_argument("--agent", action="store_true",
                help="the agent: repository tasks (data/repos.py) worked through tools, G episodes a group, "
                     "rewarded by the hidden tests on the final repository (needs a checkpoint with tool "
-                    "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only")
+                    "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only; "
+                    "an in-run eval of N tasks runs N x eval_n episodes (run.sh passes --eval-tasks 0 and "
+                    "measures with eval.py --agent)")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",
