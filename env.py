@@ -174,7 +174,8 @@ class Feedback:
     def step(self, tok, pool, items, more):
         codes = [x["completion"] for _, _, x in items]
         hidden = pool.submit_batch([t for t, _, _ in items], codes, self.fractional)   # every attempt judged
-        check = [(k, v) for k, (t, _, _) in enumerate(items) if more and (v := visible_task(t)) is not None]
+        visible = {id(t): visible_task(t) for t, _, _ in items} if more else {}   # a task's G rows share it
+        check = [(k, v) for k, (t, _, _) in enumerate(items) if (v := visible.get(id(t))) is not None]
         runs = pool.run_batch([v for _, v in check], [codes[k] for k, _ in check]) if check else []
         seen = dict(zip([k for k, _ in check], runs))
         out = []
@@ -294,7 +295,7 @@ def parse_action(tok, tokens):
 # A run of repository code in the sandbox: the program builds the repository's modules in memory (the
 # child is chrooted into an empty directory and cannot import from disk), from the files as string
 # literals, so no file's text can break out of them; `entry` is then called on each input.
-RepoRun = collections.namedtuple("RepoRun", "task_id program entry_point inputs outputs test")
+RepoRun = collections.namedtuple("RepoRun", "task_id program entry_point inputs outputs")
 
 _LOADER = """
 import sys as _sys
@@ -336,8 +337,7 @@ def visible_run(task, repo):
     module = task.test_file.removesuffix(".py")
     call = f"import {module} as _tests\ndef run_test(name):\n    getattr(_tests, name)()"
     program = repo_program(repo, call)
-    return RepoRun(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names),
-                   None)
+    return RepoRun(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names))
 
 
 def hidden_run(task, repo):
@@ -348,12 +348,7 @@ def hidden_run(task, repo):
         return visible_run(task, {**repo, task.test_file: task.files[task.test_file]})
     files = {p: t for p, t in repo.items() if p != task.test_file}
     program = repo_program(files, f"from {task.module} import {task.entry_point} as _judged")
-    return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs, None)
-
-
-def tool_calls(actions):
-    """The tool calls among an episode's actions: every action but a malformed one (a format error)."""
-    return sum(a["error"] != "format" for a in actions)
+    return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs)
 
 
 def action_segments(name, payload):

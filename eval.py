@@ -43,7 +43,7 @@ from infra import common
 from data import corpus
 from infra import engine, fast
 import env
-from rl.algo import pass_at_k
+from rl.algo import pass_at_k, pass_sums, tool_calls
 from data.repos import counterfactual, generate_repo_tasks
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
@@ -484,8 +484,8 @@ def episode_record(task, e):
             edits, informed = edits + 1, informed + (task.config_file in read)
     return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e["result"].passed),
             "outcome": e["result"].outcome, "n_tokens": sum(len(t["tokens"]) for t in e["turns"]),
-            "turns": len(e["turns"]), "tool_calls": env.tool_calls(e["actions"]),
-            "format_errors": len(e["actions"]) - env.tool_calls(e["actions"]), "end": e["end"],
+            "turns": len(e["turns"]), "tool_calls": tool_calls(e["actions"]),
+            "format_errors": len(e["actions"]) - tool_calls(e["actions"]), "end": e["end"],
             "edits": edits, "informed_edits": informed,
             "actions": [f"{a['action']} {a['path'] or ''}".strip() + (" (error)" if a["error"] else "")
                         for a in e["actions"]]}
@@ -500,14 +500,11 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
     eps = engine.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                               batch_size=batch_size, generator=gen)
     records = [{**episode_record(tasks[e["task_idx"]], e), "episode": e} for e in eps]
+    per_task = [(g[0]["slice"], len(g), sum(r["passed"] for r in g)) for g in _by_task(records).values()]
     out = {}
-    for sl in ("", "near", "novel"):
-        groups = [g for g in _by_task(records).values() if not sl or g[0]["slice"] == sl]
-        for k in ks:
-            scored = [g for g in groups if len(g) >= k]
-            if scored:
-                out[f"slice={sl}/pass@{k}" if sl else f"pass@{k}"] = \
-                    sum(pass_at_k(len(g), sum(r["passed"] for r in g), k) for g in scored) / len(scored)
+    for name, (total, count) in pass_sums(per_task, ks).items():     # "pass@k" and "pass@k_<slice>"
+        k, _, sl = name.partition("_")
+        out[f"slice={sl}/{k}" if sl else k] = total / count
     mean = lambda key: sum(r[key] for r in records) / max(1, len(records))
     edits = sum(r["edits"] for r in records)
     out.update(read_before_edit=sum(r["informed_edits"] for r in records) / edits if edits else None,

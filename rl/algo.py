@@ -113,6 +113,11 @@ def n_generated(s):
     return sum(len(t["tokens"]) for t in turns_of(s))
 
 
+def tool_calls(actions):
+    """The tool calls among a tool episode's actions (env.Tools): every action but a malformed one."""
+    return sum(a["error"] != "format" for a in actions)
+
+
 def length_units(s, call_tokens, turn_tokens):
     """The length the length cost counts: every generated token; a tool episode (--agent, with
     "actions") adds call_tokens per tool call (malformed actions excepted) and turn_tokens per turn
@@ -120,8 +125,7 @@ def length_units(s, call_tokens, turn_tokens):
     --turns episode counts its tokens alone."""
     if "actions" not in s:
         return n_generated(s)
-    calls = sum(a["error"] != "format" for a in s["actions"])
-    return n_generated(s) + call_tokens * calls + turn_tokens * (len(turns_of(s)) - 1)
+    return n_generated(s) + call_tokens * tool_calls(s["actions"]) + turn_tokens * (len(turns_of(s)) - 1)
 
 
 def flatten(s):

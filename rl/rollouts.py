@@ -30,7 +30,7 @@ from infra import common
 from infra import engine
 import env
 from rl.algo import (collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated, token_logprobs,
-                     turns_of)
+                     tool_calls, turns_of)
 from data.repos import generate_repo_tasks
 from data.tasks import generate_tasks
 
@@ -90,8 +90,8 @@ def tally_samples(tasks, samples, results, scored, keep, stats):
         stats["len_max"] = max(stats["len_max"], n_generated(s))
         stats["turns_sum"] += len(turns_of(s))
         if "actions" in s:                    # --agent: the tool calls, and the malformed actions
-            stats["tool_calls_sum"] += env.tool_calls(s["actions"])
-            stats["format_errors_sum"] += len(s["actions"]) - env.tool_calls(s["actions"])
+            stats["tool_calls_sum"] += tool_calls(s["actions"])
+            stats["format_errors_sum"] += len(s["actions"]) - tool_calls(s["actions"])
     level = {s["group"]: tasks[s["task_idx"]].difficulty for s, _ in scored}
     signal = {s["group"] for (s, _), k in zip(scored, keep.tolist()) if k}
     stats["groups"] += len(level)
