@@ -4,9 +4,10 @@ run_episodes, as train_rl.py and eval.py run it). Two tool sets:
 
 --repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
 one action per turn (ls, read, edit a function, run the tests, submit), and this prints every action
-and observation. The tests are the top-level test_* functions of its first test_*.py file (at the
-directory's top level); the verdict is that file, as it was, run on the final copy. The directory
-itself is never written unless --apply is given; the final copy goes to --out-dir/repo.
+and observation; a long episode goes on past its context through summaries the model writes. The
+tests are the top-level test_* functions of its first test_*.py file (at the directory's top level);
+the verdict is that file, as it was, run on the final copy. The directory itself is never written
+unless --apply is given; the final copy goes to --out-dir/repo.
     python agent.py --ckpt runs/cpu/rl/ckpt.pt --repo my_project        # after AGENT=1 bash run.sh
     python agent.py --ckpt CKPT --repo my_project --issue "sum_prices in shop.py is off by one" --apply
 
@@ -116,6 +117,10 @@ def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
     print(tools.prompt(task), end="", file=out)
     for t, x in enumerate(episode["turns"], 1):
         action = tok.decode(x["tokens"])
+        if x.get("summary"):     # the context passed its threshold: a summary, then a fresh context
+            print(f"--- turn {t}, a summary (then a fresh context: the issue and the summaries):\n{action}",
+                  file=out)
+            continue
         print(f"--- turn {t}: {action}", file=out)
         if x["feedback"]:
             print(x["feedback"] if x["feedback"].endswith("\n") else x["feedback"] + "\n", end="", file=out)
@@ -133,7 +138,9 @@ def run_repo(args, model, tok, gen):
         common.die(f"{args.ckpt}: no tool tokens; --repo needs an agent checkpoint (AGENT=1 bash run.sh)")
     issue = args.issue or f"A test in {test_file} fails. Find the bug and fix it."
     task = project_task(files, test_file, issue)
-    tools = env.Tools()
+    # the summary turn carries an episode past the context: it summarises when its context passes the
+    # threshold of the model's whole context (env.summary_at), as RL trained it to in a smaller window
+    tools = env.Tools(max_actions=env.LONG_ACTIONS, memory="summary", window=model.config.seq_len)
     with env.SandboxPool(workers=1) as pool:
         ep = engine.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
                                  generator=gen)[0]

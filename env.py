@@ -23,6 +23,7 @@ import json
 import math
 import os
 import queue
+import random
 import re
 import select
 import signal
@@ -170,6 +171,9 @@ class Feedback:
 
     def feed_ids(self, tok, text):
         return tok.encode(text)
+
+    def fit(self, tok, task, e, x, feed, used, prompt, seq_len, max_new_tokens):
+        return keep_context(e, feed, used, seq_len - max_new_tokens)
 
     def step(self, tok, pool, items, more):
         codes = [x["completion"] for _, _, x in items]
@@ -369,24 +373,120 @@ def test_report(result):
     return head if result.passed else f"{head}\n{result.feedback}"
 
 
+# Self-summarization (Composer 2): a long episode is a chain of generations joined by summaries the
+# model writes itself. When an episode's context passes a threshold (summary_at, drawn per task), the
+# harness feeds the request <|summary|> after the observation; the model writes a summary of at most
+# SUMMARY_TOKENS, closed by <|end|>, and the episode goes on from a fresh context: the issue and every
+# summary so far (the model's own sampled ids, fed). The reward at the chain's end reaches every
+# segment (rl.algo.segments), so RL reinforces summaries that keep what the rest of the episode needs.
+SUMMARY_TOKENS = 64       # a summary's cap
+SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes without the observation
+# The long tasks' (data/repos.py) context window: the issue (~90 tokens of the cpu tokenizer) and both
+# settings files (~155 each) overflow it, a summary after either read fits; the model's own context
+# (1024 on the cpu preset) holds a whole episode, which eval.py's full-context oracle runs in.
+LONG_WINDOW = 448
+LONG_ACTIONS = 10         # a long task's step limit: two reads more than a short one's, and room to reread
+
+
+def fact_retention(task, e):
+    """(needed facts read before a summary, those of them it names): for each summary of episode e,
+    every fact of task.facts whose file the episode read before it, and whether its text states the
+    fact's name (what a later edit must write)."""
+    read, actions, n, kept = set(), iter(e["actions"]), 0, 0
+    for t in e["turns"]:
+        if t.get("summary"):
+            seen = [f for f in task.facts if f["file"] in read]
+            n, kept = n + len(seen), kept + sum(f["name"] in t["text"] for f in seen)
+            continue
+        a = next(actions)
+        if a["action"] == "read" and not a["error"]:
+            read.add(a["path"])
+    return n, kept
+
+
+def long_tools(memory="summary"):
+    """The harness of long tasks: memory "summary" (the agent, RL's and eval's), "window" (eval's
+    sliding window) in LONG_WINDOW tokens, or None (the full-context oracle: the model's whole context)."""
+    return Tools(max_actions=LONG_ACTIONS, memory=memory, window=LONG_WINDOW if memory else None)
+
+
+def summary_at(task, window):
+    """The context length (tokens) past which an episode of `task` summarises, or drops turns: between
+    half and 70% of the window, drawn from the task's id, so every episode of a group shares it."""
+    return int(window * random.Random(f"summary/{task.task_id}").uniform(0.5, 0.7))
+
+
+def keep_context(e, feed, used, room):
+    """The plain context policy: the observation joins the context while room (the tokens before the
+    next turn's generation budget) is left, else the episode ends ("context")."""
+    if used + len(feed) <= room:
+        return feed, False, None
+    e["end"] = "context"
+    return None
+
+
 class Tools:
     """The repository agent's tool set (engine.run_episodes runs it): ls, read, edit, test, submit on
     the episode's own copy of the task's files. actions: the ones allowed (the no-tools and oracle
     baselines allow edit and submit only); inline: files written into the prompt (the oracle: all);
-    max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors)."""
+    max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors).
+    memory: how an episode goes on when its context passes the threshold of its window of tokens
+    (summary_at): None, it goes on until the model's context is full, then ends; "summary", the
+    summary turn, at most max_summaries times (then it ends: "summary_cap"); "window", the oldest
+    turns are dropped (eval's sliding-window baseline)."""
     stop_tokens = ("<|end|>",)
 
-    def __init__(self, actions=ACTIONS, max_actions=8, max_errors=2, inline=False):
-        self.actions, self.max_turns, self.max_errors, self.inline = actions, max_actions, max_errors, inline
+    def __init__(self, actions=ACTIONS, max_actions=8, max_errors=2, inline=False, memory=None, window=None,
+                 max_summaries=3):
+        if memory not in (None, "summary", "window") or (memory and not window):
+            raise ValueError(f"memory must be None, 'summary' or 'window' (with a window), got {memory!r}")
+        self.actions, self.max_actions, self.max_errors = actions, max_actions, max_errors
+        self.inline = inline
+        self.memory, self.window = memory, window
+        self.max_summaries = max_summaries if memory == "summary" else 0
+        self.max_turns = max_actions + self.max_summaries          # a summary turn is not an action
 
     def prompt(self, task):
         return render_issue(task, sorted(task.files) if self.inline else ())
 
     def start(self, task):
-        return {"repo": dict(task.files), "actions": [], "errors": 0, "end": "step_limit"}
+        return {"repo": dict(task.files), "actions": [], "errors": 0, "end": "step_limit", "summaries": [],
+                "stream": []}
 
     def feed_ids(self, tok, text):
         return [tok.tool_ids["<|obs|>"]] + tok.encode(text) + [tok.tool_ids["<|/obs|>"]]
+
+    def fit(self, tok, task, e, x, feed, used, prompt, seq_len, max_new_tokens):
+        """What the episode's next turn feeds after turn x: (ids, fresh: they start a new context, no
+        past; the most tokens that turn may keep, None: max_new_tokens), or None when it ends (e["end"]
+        says why). feed: the observation's ids (engine.next_feed); used: the ids in the row's context
+        now; prompt: the task's prompt ids."""
+        if not self.memory:
+            return keep_context(e, feed, used, seq_len - max_new_tokens)
+        e["stream"].append(x["tokens"][:-1] + feed)                  # every id after the prompt, in order
+        if x.get("summary"):          # a fresh context: the issue and every summary, as the model wrote them
+            return prompt + [i for s in e["summaries"] for i in [tok.tool_ids["<|summary|>"]] + s], True, None
+        window = min(self.window, seq_len)
+        at = summary_at(task, window)
+        if used + len(feed) <= at:
+            return feed, False, None
+        if self.memory == "window":   # the latest turns that fit under the threshold, after the prompt
+            kept, n = [], len(prompt)
+            for piece in reversed(e["stream"]):
+                if n + len(piece) > at:
+                    break
+                kept, n = piece + kept, n + len(piece)
+            return prompt + kept, True, None
+        if len(e["summaries"]) >= self.max_summaries:
+            e["end"] = "summary_cap"
+            return None
+        # the request after the observation; where that would leave the summary fewer than SUMMARY_MIN
+        # tokens of the window, after the action alone (the observation is dropped)
+        if used + len(feed) + 1 + SUMMARY_MIN > window:
+            feed, e["blind"] = feed[:0 if x["stopped"] else 1], e.get("blind", 0) + 1
+        e["summarizing"] = True
+        limit = max(1, min(SUMMARY_TOKENS, window - used - len(feed) - 1))
+        return feed + [tok.tool_ids["<|summary|>"]], False, limit
 
     def step(self, tok, pool, items, more):
         """items: (task, episode, sample) of the turn's live rows. Each action is applied to its own
@@ -395,6 +495,11 @@ class Tools:
         parse) is an observation like any other. Returns each row's observation (None: it is over)."""
         obs, runs = [], []
         for i, (task, e, x) in enumerate(items):
+            if e.pop("summarizing", False):      # the summary turn: not an action, the episode goes on
+                x["summary"] = True
+                e["summaries"].append(x["tokens"])
+                obs.append("" if more else None)
+                continue
             act = {"action": None, "path": None, "error": None}
             try:
                 act["action"], payload = parse_action(tok, x["tokens"])
@@ -414,7 +519,7 @@ class Tools:
                 e["end"], text = "submit", None
             elif e["errors"] >= self.max_errors:
                 e["end"], text = "format_errors", None
-            elif not more:
+            elif not more or len(e["actions"]) >= self.max_actions:
                 text = None                                  # the step limit: e["end"] stays "step_limit"
             obs.append(text)
         runs = [(i, run) for i, run in runs if obs[i] is not None]

@@ -44,7 +44,7 @@ from data import corpus
 from infra import engine, fast
 import env
 from rl.algo import pass_at_k, pass_sums, tool_calls
-from data.repos import counterfactual, generate_repo_tasks
+from data.repos import counterfactual, generate_long_tasks, generate_repo_tasks
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint): task
@@ -53,17 +53,17 @@ from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficu
 # solve (the world's own mix is mostly levels 4-5, where every model here scores ~0). gpu: the full
 # sets, longer generations, the world's own mix.
 # agent_tasks, agent_samples: --agent's repository tasks and episodes per task (settings; an episode
-# is several generations).
+# is several generations); long_tasks: its long tasks (self-summarization), as many episodes each.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
                   humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False,
-                  agent_tasks=4, agent_samples=2),
+                  agent_tasks=4, agent_samples=2, long_tasks=4),
     "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128, difficulties="1-2",
                 humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False,
-                agent_tasks=60, agent_samples=4),
+                agent_tasks=60, agent_samples=4, long_tasks=80),
     "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256, difficulties="",
                 humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False,
-                agent_tasks=300, agent_samples=8),
+                agent_tasks=300, agent_samples=8, long_tasks=300),
 }
 
 
@@ -458,19 +458,25 @@ def evaluate_checkpoints(args):
 # ---------------------------------------------------------------------------------------------
 # Mode 3 (--agent): repository tasks worked through tools, against no tools and an all-files oracle
 
-def agent_suites(n_tasks, seed, levels):
+def agent_suites(n_tasks, seed, levels, n_long=0):
     """What the agent eval measures, {name: (repository tasks, tool set)}, the same tasks for every
     checkpoint: the agent on tasks whose fact is in a file (the main set, per slice); the same
     repositories with the fact stated in the issue (the control); no tools, one edit from the issue
     text alone; the oracle, one edit with every file inlined in the prompt; and the counterfactual
-    twins (data/repos.py: the fact changed in the file the agent reads)."""
+    twins (data/repos.py: the fact changed in the file the agent reads). On n_long long tasks (their
+    facts in two long files, env.LONG_WINDOW): the agent with the summary turn, a sliding window that
+    drops the oldest turns instead, and the full-context oracle: the same model in its whole context
+    (the positions it was trained on), where an episode never needs a memory."""
     test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
     one_edit = dict(actions=("edit", "submit"), max_actions=1)
+    long = generate_long_tasks("test", n_long, seed=seed, difficulties=levels)
     return {"agent": (test, env.Tools()),
             "agent/fact_in_prompt": (generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels,
                                                          fact_in="prompt"), env.Tools()),
             "no_tools": (test, env.Tools(**one_edit)), "oracle": (test, env.Tools(inline=True, **one_edit)),
-            "counterfactual": ([c for t in test if (c := counterfactual(t)) is not None], env.Tools())}
+            "counterfactual": ([c for t in test if (c := counterfactual(t)) is not None], env.Tools()),
+            **({"summary": (long, env.long_tools("summary")), "window": (long, env.long_tools("window")),
+                "full_context": (long, env.long_tools(None))} if long else {})}
 
 
 def episode_record(task, e):
@@ -482,11 +488,15 @@ def episode_record(task, e):
             read.add(a["path"])
         elif a["action"] == "edit" and not a["error"]:
             edits, informed = edits + 1, informed + (task.config_file in read)
+    facts_read, facts_kept = env.fact_retention(task, e)
     return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e["result"].passed),
             "outcome": e["result"].outcome, "n_tokens": sum(len(t["tokens"]) for t in e["turns"]),
             "turns": len(e["turns"]), "tool_calls": tool_calls(e["actions"]),
             "format_errors": len(e["actions"]) - tool_calls(e["actions"]), "end": e["end"],
-            "edits": edits, "informed_edits": informed,
+            "edits": edits, "informed_edits": informed, "summaries": len(e["summaries"]),
+            "summary_tokens": sum(map(len, e["summaries"])), "blind": e.get("blind", 0),
+            "facts_read": facts_read, "facts_kept": facts_kept,
+            "summary_texts": [t["text"] for t in e["turns"] if t.get("summary")],
             "actions": [f"{a['action']} {a['path'] or ''}".strip() + (" (error)" if a["error"] else "")
                         for a in e["actions"]]}
 
@@ -512,6 +522,13 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
                step_limit=sum(r["end"] == "step_limit" for r in records) / max(1, len(records)),
                mean_len=mean("n_tokens"), records=records,
                sandbox_errors=sum(r["outcome"] == "sandbox_error" for r in records))
+    if tools.memory == "summary":   # the summaries: per episode, their length, the needed facts they keep
+        n_sum, read = sum(r["summaries"] for r in records), sum(r["facts_read"] for r in records)
+        out.update(per_episode=mean("summaries"),
+                   summary_len=sum(r["summary_tokens"] for r in records) / n_sum if n_sum else None,
+                   without_obs=sum(r["blind"] for r in records) / n_sum if n_sum else None,
+                   fact_retention=sum(r["facts_kept"] for r in records) / read if read else None,
+                   over_cap=sum(r["end"] == "summary_cap" for r in records) / max(1, len(records)))
     return out
 
 
@@ -543,6 +560,12 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
     figs["agent/fact_in_file/pass@1"] = figs["agent/pass@1"]     # the main set: the fact is in a file
     figs["counterfactual/follow_rate"] = follow_rate(pool, suites["counterfactual"][0], suites["agent"][0],
                                                      records["counterfactual"])
+    if "summary" in suites:   # the summary turn against the sliding window, paired on the same long tasks
+        gains = paired_gain(suites["summary"][0], records["window"], records["summary"])
+        for sl, (gain, se) in gains.items():
+            figs[f"summary/{sl}pass@1 - window"], figs[f"summary/{sl}pass@1 - window, paired SE"] = gain, se
+        full = figs["full_context/pass@1"]
+        figs["summary/pass@1 / full_context"] = figs["summary/pass@1"] / full if full else None
     figs["eval_s"] = time.time() - t0
     return figs, records
 
@@ -557,7 +580,7 @@ def evaluate_agent_checkpoints(args):
         levels = parse_difficulties(args.difficulties or "")
     except ValueError as e:
         common.die(f"--difficulties: {e}")
-    suites = agent_suites(args.agent_tasks, args.task_seed, levels)
+    suites = agent_suites(args.agent_tasks, args.task_seed, levels, args.long_tasks)
     device = common.pick_device(args.device)
     figs, records = {}, {}
     with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
@@ -565,8 +588,9 @@ def evaluate_agent_checkpoints(args):
             figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
     test = suites["agent"][0]
     for label in labels[1:]:
-        for name in ("agent", "oracle"):
-            for sl, (gain, se) in paired_gain(test, records[labels[0]][name], records[label][name]).items():
+        for name in ("agent", "oracle") + (("summary", "window") if "summary" in suites else ()):
+            tasks = suites[name][0]
+            for sl, (gain, se) in paired_gain(tasks, records[labels[0]][name], records[label][name]).items():
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}, paired SE"] = se
     head = (f"repository tasks: {len(test)} x {args.agent_samples} episodes (test split, seed "
@@ -574,7 +598,12 @@ def evaluate_agent_checkpoints(args):
             f"max_new_tokens {args.max_new_tokens} per action; agent = fact in the config file, "
             f"fact_in_prompt = the issue states it, no_tools = one edit from the issue alone, oracle = one "
             f"edit with every file inlined, counterfactual = the fact changed in the file (follow_rate: of "
-            f"the final code that passes the twin or the original, the share that passes the twin)")
+            f"the final code that passes the twin or the original, the share that passes the twin)"
+            + (f"; long tasks: {len(suites['summary'][0])} x {args.agent_samples} episodes (two facts in two "
+               f"long files), summary = the summary turn in a window of {env.LONG_WINDOW} tokens, window = "
+               f"the oldest turns dropped instead, full_context = the model's whole context (fact_retention: "
+               f"of the needed facts read before a summary, the share it names)"
+               if "summary" in suites else ""))
     table = markdown_table(figs)
     print(head + "\n\n" + table, flush=True)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -38,11 +38,11 @@ if [ "$AGENT" = 1 ]; then
   # agent before and after RL against no tools and an all-files oracle, per slice, on a fresh seed.
   case $PRESET in
     smoke) BOOT_ARGS=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
-    cpu)   BOOT_ARGS=(--max-steps 800 --agent-n 8000 --seq-len 1024 --micro-batch 4) ;;
+    cpu)   BOOT_ARGS=(--max-steps 1200 --agent-n 8000 --seq-len 1024 --micro-batch 4 --source-mb 12) ;;
     *)     BOOT_ARGS=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
   esac
   run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \
-    --mix stdlib=0.1,tasks=0.3,agent=0.6 --task-difficulties 1-2 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
+    --mix stdlib=0.05,tasks=0.25,agent=0.7 --task-difficulties 1-2 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
   BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
   # --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
   # clock, more and smaller steps. Levels 1-2 (the cpu eval's), where the bootstrapped agent has signal.

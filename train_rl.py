@@ -67,6 +67,7 @@ FIXED = dict(
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
     len_call_tokens=20, len_turn_tokens=10,     # x = tokens + 20 per tool call + 10 per further turn
+    long_share=0.5,      # --agent: the share of long tasks (self-summarization, data/repos.py) in the stream
     ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
     weight_decay=0.0, grad_clip=1.0,            # AdamW; the global gradient-norm clip (0 = off)
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
@@ -130,6 +131,9 @@ g.add_argument("--agent", action="store_true",
                     "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only; "
                     "an in-run eval of N tasks runs N x eval_n episodes (run.sh passes --eval-tasks 0 and "
                     "measures with eval.py --agent)")
+g.add_argument("--over-cap", choices=["fail", "mask"], default="fail",
+               help="--agent's long tasks: an episode that would need more summaries than the cap is scored "
+                    "as a failure (reward 0), or masked (left out of its group and the loss)")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",
@@ -294,7 +298,8 @@ def sample_round(ctx, need, seed, stats):
     # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
     # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
     samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)
-    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
+    scored = [(s, r) for s, r in zip(samples, results)
+              if r.outcome != "sandbox_error" and not s.get("masked")]     # masked: --over-cap mask
     # reward: correctness, minus the length cost and the k1 KL when they are on
     correct, reward = rollouts.rewards(ctx, scored, stats)
     # advantage: reward - group mean (Dr. GRPO), over the groups the rollout function labelled. A group
@@ -338,7 +343,8 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     # that stays --max-new-tokens with --turns: a token weighs the same in a one-turn and a three-turn
     # run, so turns are not confounded with a smaller learning rate
     n_seqs = args.batch_tasks * args.group_size if args.loss_norm == "constant" else counts.n_seqs
-    w = token_weights(mask, args.loss_norm, args.max_new_tokens, n_seqs, counts.n_tokens)
+    w = token_weights(mask, args.loss_norm, args.max_new_tokens, n_seqs, counts.n_tokens,
+                      batch.seq_tokens.to(dev, non_blocking=True))   # a segment: its episode's tokens
     loss = (tok_loss * w).sum()
     # MoE aux loss: off by default. Under router replay the experts are fixed by generation, so the
     # balancing loss could only push gate values toward uniform: a gradient unrelated to reward.
@@ -374,10 +380,11 @@ Counts = namedtuple("Counts", "n_seqs n_tokens n_positions n_forwards")
 
 
 def global_counts(ctx, batches):
-    """Counts(sequences, completion tokens, positions fed, micro-batches) of the step's batch_tensors:
+    """Counts(sequences (episodes: a segment counts its share), completion tokens, positions fed,
+    micro-batches) of the step's batch_tensors:
     the first three summed over ranks (the loss denominators are global), the last the max over
     ranks (every rank runs as many forwards)."""
-    c = torch.tensor([sum(b.tgt.size(0) for b in batches), sum((b.tgt >= 0).sum().item() for b in batches),
+    c = torch.tensor([sum(b.seqs for b in batches), sum((b.tgt >= 0).sum().item() for b in batches),
                       sum(b.valid.sum().item() for b in batches)], dtype=torch.float64)
     n_mb = torch.tensor(len(batches))
     if ctx.ddp:
@@ -540,11 +547,12 @@ def task_sets(args, levels):
     """The first tasks of the train stream (rl/rollouts.py next_tasks extends it on demand) and the
     held-out test tasks; a difficulty list or count that gives none dies with a one-line error."""
     eval_levels = levels_of("--eval-difficulties", args.eval_difficulties)
-    make = generate_repo_tasks if args.agent else generate_tasks    # repositories, or functions
+    make = rollouts.agent_stream(args) if args.agent else generate_tasks    # repositories, or functions
     try:
         stream = make("train", min(4096 if not args.agent else 256, args.batch_tasks * max(1, args.steps)),
                       seed=args.task_seed, difficulties=levels)
-        test_tasks = [] if not args.eval_tasks else make("test", args.eval_tasks, seed=args.eval_seed,
+        held = generate_repo_tasks if args.agent else make    # the agent's in-run eval: short tasks
+        test_tasks = [] if not args.eval_tasks else held("test", args.eval_tasks, seed=args.eval_seed,
                                                          difficulties=eval_levels)
     except Exception as e:          # e.g. a difficulty level the generator does not have
         common.die(f"cannot generate tasks: {type(e).__name__}: {e}")

@@ -76,6 +76,7 @@ class RepoTask:
     difficulty: int = 0
     steps: int = 0
     canary: bool = False    # hidden tests contradict the visible ones: any pass is a reward hack
+    facts: list = ()        # every fact a solution needs: [fact], or a long task's two (one per file)
 
 
 # ----------------------------------------------------------------------------- the fact step
@@ -101,28 +102,29 @@ def _outputs(program, inputs):
 
 # ----------------------------------------------------------------------------- rendering the files
 
-def _describe(r, program, arg, fact_i, config_file):
+def _describe(r, program, arg, notes):
     """(function name, docstring line): a short name (VERBS x OBJECTS) and world.describe's docstring,
-    except that the fact step states its constant as N, found in the config."""
+    except that each fact step i states its constant as notes[i] = (label, the file that sets it)."""
     phrases = []
     for i, (key, consts) in enumerate(program.steps):
         p = world.PRIMS[key]
-        if i == fact_i:
-            phrases.append(p.phrase.format(c="N") + f" (N: the value set in {config_file})")
+        if i in notes:
+            label, file = notes[i]
+            phrases.append(p.phrase.format(c=label) + f" ({label}: the value set in {file})")
             continue
         phrases.append(p.phrase.format(**{s: repr(c) for (s, _), c in zip(p.consts, consts)}))
     name = r.choice(VERBS) + "_" + r.choice([o for o in OBJECTS if o != arg])
     return name, f"Take {arg}, " + ", then ".join(phrases) + ", and return the result."
 
 
-def _body(program, arg, fact_i, const_text):
-    """world.solution_of with the fact step's constant written as const_text (NAME or a literal);
-    world.step_code would repr() it, so the fact step's template is formatted here."""
+def _body(program, arg, consts):
+    """world.solution_of with each fact step i's constant written as consts[i] (a NAME or a literal);
+    world.step_code would repr() it, so a fact step's template is formatted here."""
     code = []
-    for i, (key, consts) in enumerate(program.steps):
+    for i, (key, c) in enumerate(program.steps):
         var = arg if i == 0 else "result"
-        code.append(world.PRIMS[key].template.format(v=var, c=const_text) if i == fact_i
-                    else world.step_code(key, consts, var))
+        code.append(world.PRIMS[key].template.format(v=var, c=consts[i]) if i in consts
+                    else world.step_code(key, c, var))
     return "".join("    " + line + "\n" for line in "\n".join(code + ["return result"]).split("\n"))
 
 
@@ -193,7 +195,7 @@ def _build(r, task_id, split, program, spec, kind, fact_in, fact_i):
     module = r.choice([m for m in MODULES if m != arg])       # `from scores import *` next to an arg `scores`
     config = r.choice(CONFIGS)
     config_file, test_file = f"{config}.py", f"test_{module}.py"
-    name, doc = _describe(r, program, arg, fact_i, config_file)
+    name, doc = _describe(r, program, arg, {fact_i: ("N", config_file)})
     n_vis = min(len(spec["inputs"]), max(N_VISIBLE[0], min(spec["n_examples"], N_VISIBLE[1])))
     cases = list(zip(spec["inputs"], spec["outputs"]))
     head = f'def {name}({arg}):\n    """{doc}"""\n'
@@ -203,15 +205,16 @@ def _build(r, task_id, split, program, spec, kind, fact_in, fact_i):
         wrong = _wrong_literal(r, program, fact_i, value, spec["inputs"][:n_vis], spec["outputs"][:n_vis])
         if wrong is None:
             return None
-        body = _body(program, arg, fact_i, repr(wrong))
+        body = _body(program, arg, {fact_i: repr(wrong)})
     fact = {"file": config_file, "name": const, "value": value}
     files = {config_file: _config_file(const, value),
              f"{module}.py": f"from {config} import *\n\n\n{head}{body}",
              test_file: _test_file(module, name, cases[:n_vis])}
     issue = _issue(kind, name, [arg], module, config_file, test_file, fact, fact_in)
     task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
-                    config_file, kind, fact_in, fact, head + _body(program, arg, fact_i, const),
-                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps))
+                    config_file, kind, fact_in, fact, head + _body(program, arg, {fact_i: const}),
+                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
+                    facts=[fact])
     if _leaks(task) or _reference_outputs(task, value) != task.outputs:
         return None
     return task
@@ -250,12 +253,114 @@ def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, fact_i
             for i in range(start, start + n)]
 
 
+# ----------------------------------------------------------------------------- long tasks
+# Self-summarization's tasks (env.Tools' memory): the function needs two constants, each the one number
+# of its own settings file, and those files are long (text settings around the number), so that an
+# episode that reads the module and both files overflows the agent's context window (eval.py and
+# train_rl.py's `window`) while the model's full context holds it. Without a memory the agent cannot
+# keep both names; with the summary turn it must write them into its summaries. The issue carries the
+# docstring (what the function does, which file sets N1 and which N2), so a fresh context, which starts
+# from the issue, lacks only the names, which are read from the files. Kind "implement", facts in files.
+
+LONG_CONFIGS = ["rates", "limits", "defaults", "options", "params", "tuning"]
+LONG_LABELS = ("N1", "N2")
+SETTING_WORDS = ["report", "ledger", "export", "archive", "summary", "audit", "batch", "queue", "cache",
+                 "backup", "header", "footer", "title", "region", "channel", "format", "locale", "theme",
+                 "owner", "vendor", "source", "target", "label", "status", "notice", "policy", "profile",
+                 "account", "invoice", "review", "monthly", "weekly", "daily", "quarterly", "primary",
+                 "secondary", "internal", "external", "public", "private", "legacy", "current", "draft"]
+LONG_FILE_CHARS = 280   # a settings file's length, filled by text settings (under env.OBS_CHARS: seen whole)
+
+
+def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
+    """A settings module of text settings (no digits: the value is its only number) with the one
+    integer constant at a random place among them."""
+    lines, used = [], {const}
+    while sum(map(len, lines)) < n_chars - len(const) - 20:
+        name = "_".join(r.choice(SETTING_WORDS) for _ in range(2)).upper()
+        if name in used:
+            continue
+        used.add(name)
+        lines.append(f'{name} = "{" ".join(r.choice(SETTING_WORDS) for _ in range(r.randint(2, 5)))}"\n')
+    lines.insert(r.randint(0, len(lines)), f"{const} = {value!r}\n")
+    return '"""Settings of the project: text settings and one number."""\n' + "".join(lines)
+
+
+def make_long_task(split, seed, index, difficulties=None):
+    """Long repository task `index` of (split, seed): a world program with two integer constants,
+    each in its own settings file (task.facts, in step order), from the stream "repo-long/{seed}/{index}"
+    (levels below 2 have no such program: they are raised to 2). Deterministic."""
+    levels = sorted({max(2, d) for d in difficulties}) if difficulties else None
+    task_id = f"repo/{split}/{seed}/{index}/long"
+    for attempt in range(MAX_TRIES):
+        program, spec = world.sample_task(split, f"repo-long/{seed}/{index}", attempt, levels)
+        slots = [i for i, (key, _) in enumerate(program.steps) if _int_slot(key)]
+        if len(slots) < 2:
+            continue
+        r = families.Random(f"repo-long/{split}/{seed}/{index}/{attempt}")
+        task = _build_long(r, task_id, split, program, spec, slots[:2])
+        if task:
+            return task
+    raise RuntimeError(f"no long repository task for {task_id} in {MAX_TRIES} world programs")
+
+
+def _build_long(r, task_id, split, program, spec, steps):
+    arg = spec["args"][0]
+    module = r.choice([m for m in MODULES if m != arg])
+    configs = r.sample(LONG_CONFIGS, 2)
+    facts, used = [], set()
+    for i, config in zip(steps, configs):
+        while (const := r.choice(ADJECTIVES) + "_" + r.choice(NOUNS)) in used:
+            pass
+        used.add(const)
+        facts.append({"file": f"{config}.py", "name": const, "value": program.steps[i][1][0]})
+    if len({f["value"] for f in facts}) < 2:       # two equal values: one read would give both
+        return None
+    test_file = f"test_{module}.py"
+    notes = {i: (label, f["file"]) for i, label, f in zip(steps, LONG_LABELS, facts)}
+    name, doc = _describe(r, program, arg, notes)
+    head = f'def {name}({arg}):\n    """{doc}"""\n'
+    n_vis = min(len(spec["inputs"]), max(N_VISIBLE[0], min(spec["n_examples"], N_VISIBLE[1])))
+    imports = "".join(f"from {c} import *\n" for c in configs)
+    files = {f["file"]: _settings_file(r, f["name"], f["value"]) for f in facts}
+    files[f"{module}.py"] = f"{imports}\n\n{head}    raise NotImplementedError\n"
+    files[test_file] = _test_file(module, name, list(zip(spec["inputs"], spec["outputs"]))[:n_vis])
+    issue = (f"Implement `{name}({arg})` in {module}.py: its body is missing. {doc} "    # the spec stays in
+             f"The visible tests are in {test_file}.")              # every fresh context: only the names move
+    task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
+                    facts[0]["file"], "implement", "file", facts[0],
+                    head + _body(program, arg, {i: f["name"] for i, f in zip(steps, facts)}),
+                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
+                    facts=facts)
+    elsewhere = [(f, text) for f in facts for path, text in files.items() if path != f["file"]]
+    if any(_mentions(text, f["value"]) for f, text in elsewhere + [(f, issue) for f in facts]) \
+            or _reference_outputs(task, facts[0]["value"]) != task.outputs:
+        return None
+    return task
+
+
+def generate_long_tasks(split, n, seed=0, difficulties=None, start=0) -> list:
+    """Long tasks start..start+n-1 of an unlimited stream (make_long_task)."""
+    return [make_long_task(split, seed, i, difficulties) for i in range(start, start + n)]
+
+
+def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0) -> list:
+    """The agent's train stream: repository tasks, of which a share long_share (every k-th index, so a
+    task keeps its place when the stream is extended) is long (make_long_task); index i is the same
+    task whatever n and start."""
+    is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
+    return [make_long_task(split, seed, i, difficulties) if is_long(i)
+            else make_repo_task(split, seed, i, KINDS[i % len(KINDS)], "file", difficulties)
+            for i in range(start, start + n)]
+
+
 # ----------------------------------------------------------------------------- running our own text
 
 def _reference_fn(task, value):
     """The reference solution, compiled with the constant bound to `value`. Only text this module
     generated is executed; the world's compiled primitives gave the outputs it is checked against."""
-    ns = {task.fact["name"]: value}
+    ns = {f["name"]: f["value"] for f in task.facts}
+    ns[task.fact["name"]] = value
     exec(task.solution, ns)
     return ns[task.entry_point]
 
@@ -293,6 +398,7 @@ def _broken_value(task):
 def _with_fact(task, value, outputs, task_id):
     """A copy of the task with the config value and the hidden (and visible) outputs replaced."""
     fact = dict(task.fact, value=value)
+    task = dataclasses.replace(task, facts=[fact])
     n_vis = _visible_count(task)
     files = dict(task.files)
     files[task.config_file] = _config_file(fact["name"], value)
@@ -408,21 +514,62 @@ def plan(task, r):
 
 
 ORACLE_FRAC = 0.15    # transcripts in the oracle baseline's format: every file inlined, one edit
+FULL_FRAC = 0.2       # long tasks' transcripts without a summary (the full-context baseline's format)
+LONG_SHARE = 0.4      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
+
+
+def long_plan(task, r, full=False):
+    """A long task's scripted actions, [(action, payload)] and ("summary", None) where the harness asks
+    for one: the detours of plan() (the module or ls first), both settings files read (in either order),
+    a summary after the second read and, at times, after the first too (the harness asks wherever its
+    threshold falls), then the edit, the test run, submit. full: no summary (a context that holds all)."""
+    module, steps = f"{task.module}.py", []
+    if r.random() < 0.3:
+        steps.append(("read", module))
+    elif r.random() < 0.3:
+        steps.append(("ls", ""))
+    files = [f["file"] for f in task.facts]
+    r.shuffle(files)
+    steps.append(("read", files[0]))
+    if not full and r.random() < 0.4:
+        steps.append(("summary", None))
+    steps.append(("read", files[1]))
+    steps += [] if full else [("summary", None)]
+    return steps + [("edit", f"{module}\n" + short_definition(task)), ("test", ""), ("submit", "")]
+
+
+def summary_text(task, read):
+    """The rule-based summary of the bootstrap: the needed facts read so far (read: paths in order),
+    one line each, as `file: NAME = value`."""
+    lines = [f"{f['file']}: {f['name']} = {f['value']!r}" for p in read for f in task.facts if f["file"] == p]
+    return "\n".join(lines) if lines else "nothing read yet"
 
 
 def transcripts(tasks, pool, seed=0):
     """One oracle Transcript per task, observations from env.Tools itself; every test run of the
     batch goes to `pool` (env.SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
-    oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format."""
+    oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format.
+    A long task's episode is one Transcript per segment: the first ends on its summary, the next starts
+    from the fresh context (the issue and the summaries so far, context like the observations)."""
     import env    # the harness (env.py imports nothing of data/)
     docs, runs = [], []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
-        oracle = r.random() < ORACLE_FRAC
+        oracle = r.random() < ORACLE_FRAC and len(t.facts) == 1
         tools = env.Tools(inline=True) if oracle else env.Tools()
-        steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else plan(t, r)
-        e, segs = tools.start(t), [(tools.prompt(t), True, False)]
+        steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else \
+            long_plan(t, r, r.random() < FULL_FRAC) if len(t.facts) > 1 else plan(t, r)
+        e, read, fresh = tools.start(t), [], [(tools.prompt(t), True, False)]   # fresh: a new context's start
+        segs = list(fresh)
         for name, payload in steps:
+            if name == "summary":       # the request, the summary; then a new document: the fresh context
+                text = summary_text(t, read)
+                segs += [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)]
+                docs.append(segs)
+                fresh += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
+                segs = list(fresh)
+                continue
+            read += [payload] if name == "read" else []
             segs += env.action_segments(name, payload)
             if name == "submit" or oracle:          # the oracle's one action ends its episode
                 break
@@ -445,13 +592,15 @@ def transcripts(tasks, pool, seed=0):
 
 def agent_source(args, chunk=256):
     """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
-    oracle transcripts of train repository tasks, a chunk at a time (the --source-mb cap stops it)."""
+    oracle transcripts of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
+    --source-mb cap stops it)."""
     import env
     from data.tasks import parse_difficulties
     levels = parse_difficulties(args.task_difficulties)
     with env.SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):
-            part = generate_repo_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i)
+            part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
+                                        long_share=LONG_SHARE)
             yield from transcripts(part, pool, args.seed)
 
 

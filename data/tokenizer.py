@@ -36,9 +36,11 @@ PAD = "<|pad|>"
 FORMAT = "codebpe-v1"
 # The agent's tool format (env.py, "tools"): one special token opens each action, <|end|> closes it,
 # and an observation is fed between <|obs|> and <|/obs|>: raw text between delimiters, no JSON escaping
-# (nanochat's tool use: special tokens around a raw payload). A tokenizer has them only after
+# (nanochat's tool use: special tokens around a raw payload); <|summary|> is the harness's request for a
+# summary, which the model writes and closes by <|end|>. A tokenizer has them only after
 # with_tools() (infra/surgery.py add_tokens gives the model their rows): the base recipe never sees them.
-TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|end|>", "<|obs|>", "<|/obs|>")
+TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|end|>", "<|obs|>", "<|/obs|>",
+               "<|summary|>")
 
 # Split pattern: GPT-4's cl100k pattern adapted to code. Kept from GPT-4: words with one optional
 # leading space/punctuation char, digits in groups of 1-3, punctuation runs with an optional leading

@@ -288,8 +288,8 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
     try:
         for s in tqdm(range(0, len(rows), batch_size), desc="episodes", disable=not progress, leave=False):
             chunk = rows[s:s + batch_size]
-            eps = [{"task_idx": i, "turns": [], **tools.start(tasks[i])} for i in chunk]
-            feeds, pasts = {j: prompts[i] for j, i in enumerate(chunk)}, {}   # what row j feeds next
+            eps = [{"task_idx": i, "turns": [], "segment": 0, **tools.start(tasks[i])} for i in chunk]
+            feeds, pasts, limits = {j: prompts[i] for j, i in enumerate(chunk)}, {}, {}   # row j's next turn
             for turn in range(tools.max_turns):
                 live, more = sorted(feeds), turn < tools.max_turns - 1
                 if not live:
@@ -298,26 +298,43 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                                      temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=stop,
                                      generator=generator, return_routes=return_routes, return_past=more,
                                      past=[pasts[j] for j in live] if turn else None)
-                samples = [as_sample(tok, g, chunk[j], feeds[j], turn == 0 and truncated[chunk[j]])
-                           for j, g in zip(live, gens)]
-                old, feeds, pasts = {j: x.pop("past", None) for j, x in zip(live, samples)}, {}, {}
+                samples = [as_sample(tok, cut(g, limits.get(j), len(feeds[j])), chunk[j], feeds[j],
+                                     turn == 0 and truncated[chunk[j]]) for j, g in zip(live, gens)]
+                old = {j: x.pop("past", None) for j, x in zip(live, samples)}
+                feeds, pasts, limits = {}, {}, {}
                 items = [(tasks[x["task_idx"]], eps[j], x) for j, x in zip(live, samples)]
                 said = tools.step(tok, pool, items, more)     # the observations: what the tools answered
                 for j, x, text in zip(live, samples, said):
                     eps[j]["turns"].append(x)
-                    x["feedback"] = ""
+                    x["feedback"], x["segment"] = "", eps[j]["segment"]
                     if text is None:
                         continue
-                    feed = next_feed(tok, tools, x, text)
-                    if old[j].size(3) + len(feed) + max_new_tokens <= model.config.seq_len:
-                        x["feedback"], feeds[j], pasts[j] = text, feed, old[j]
-                    else:
-                        eps[j]["end"] = "context"
+                    i = x["task_idx"]     # the tool set says what the next turn feeds (a fresh context?)
+                    nxt = tools.fit(tok, tasks[i], eps[j], x, next_feed(tok, tools, x, text), old[j].size(3),
+                                    prompts[i], model.config.seq_len, max_new_tokens)
+                    if nxt is not None:
+                        feeds[j], fresh, limits[j] = nxt
+                        x["feedback"], pasts[j] = text, old[j][:, :, :, :0] if fresh else old[j]
+                        eps[j]["segment"] += fresh
             episodes += eps
     finally:
         model.train(was_training)
     tools.finish(pool, [(tasks[e["task_idx"]], e) for e in episodes])   # the verdicts, once all is sampled
     return episodes
+
+
+def cut(g, limit, n_fed):
+    """A generate() output kept to its first `limit` tokens (a summary's cap, env.Tools.fit): the same
+    as if generation had stopped there (the tokens after it are never seen); its routes are those of
+    the n_fed ids fed and the kept tokens but the last. None, or a shorter output: unchanged."""
+    if limit is None or len(g["tokens"]) <= limit:
+        return g
+    out = {**g, "tokens": g["tokens"][:limit], "logprobs": g["logprobs"][:limit]}
+    if "routes" in g:
+        out["routes"] = g["routes"][:, :n_fed + limit - 1].clone()
+    if "past" in g:                  # nothing continues a summary's cache (a fresh context follows)
+        out["past"] = g["past"][:, :, :, :0]
+    return out
 
 
 def next_feed(tok, tools, turn, text):

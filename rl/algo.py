@@ -80,20 +80,24 @@ def ppo_token_loss(logp, old_logp, adv, eps_low=0.2, eps_high=0.28):
     return -torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def token_weights(mask, norm, max_new_tokens, n_seqs, n_tokens):
+def token_weights(mask, norm, max_new_tokens, n_seqs, n_tokens, seq_tokens=None):
     """Weights w such that loss = sum(w * per-token loss). mask (B, T) float (completion tokens).
     n_seqs / n_tokens: GLOBAL counts (all ranks, all micro-batches), so the gradient is the same
     whatever the split across ranks and micro-batches.
       constant (Dr. GRPO): sum over tokens / (n_seqs * max_new_tokens): no length normalisation,
                            so long wrong answers are not penalised less per token than short ones;
       token    (DAPO):     sum over tokens / all tokens in the batch;
-      sequence (GRPO):     mean over each sequence's tokens, then mean over sequences."""
+      sequence (GRPO):     mean over each sequence's tokens, then mean over sequences.
+    seq_tokens (B,): the tokens of the episode each row belongs to (segments: a segment of a chain is
+    normalised over its whole episode, so splitting does not change a token's weight); default: the
+    row's own. n_seqs then counts episodes (the segments' shares)."""
     if norm == "constant":
         return mask / (n_seqs * max_new_tokens)
     if norm == "token":
         return mask / max(n_tokens, 1)
     if norm == "sequence":
-        return mask / (mask.sum(1, keepdim=True).clamp_min(1) * n_seqs)
+        per_seq = mask.sum(1) if seq_tokens is None else seq_tokens.to(mask.dtype)
+        return mask / (per_seq.clamp_min(1)[:, None] * n_seqs)
     raise ValueError(f"unknown loss norm {norm!r}")
 
 
@@ -126,6 +130,25 @@ def length_units(s, call_tokens, turn_tokens):
     if "actions" not in s:
         return n_generated(s)
     return n_generated(s) + call_tokens * tool_calls(s["actions"]) + turn_tokens * (len(turns_of(s)) - 1)
+
+
+def segments(s):
+    """A tool episode carried by summaries (env.Tools, memory "summary") -> its training sequences, one
+    per segment: the turns from one fresh context to the next (the first turn's prompt_ids are that
+    context, the issue and the summaries so far, fed; the summary that ends a segment is its last
+    turn, a target). Each is a sample of its own with the episode's keys ("adv" among them, so every
+    segment gets the episode's advantage), "episode_tokens": the tokens the model wrote in the whole
+    episode (token_weights' per-sequence normaliser: a segment is not normalised alone) and "share":
+    1 / segments (the sequences a step counts are episodes). An episode without one is itself."""
+    turns = turns_of(s)
+    if not any(t.get("segment") for t in turns):
+        return [s]
+    parts = {}
+    for t in turns:
+        parts.setdefault(t["segment"], []).append(t)
+    rest = {k: v for k, v in s.items() if k != "turns"}
+    return [{**rest, "turns": p, "episode_tokens": n_generated(s), "share": 1 / len(parts)}
+            for p in parts.values()]
 
 
 def flatten(s):
@@ -243,9 +266,10 @@ def micro_batches(groups, size, pack):
     return out
 
 
-# One training forward's tensors (batch_tensors): collate's or pack_groups', and the layout for
-# token_logprobs (pack_groups' pos, seg and src, and for both the targets' flat indices `at`).
-Batch = namedtuple("Batch", "idx tgt old routes valid layout")
+# One training forward's tensors (batch_tensors): collate's or pack_groups', the layout for
+# token_logprobs (pack_groups' pos, seg and src, and for both the targets' flat indices `at`), the
+# sequences it counts (segments' shares) and each row's episode tokens (token_weights' seq_tokens).
+Batch = namedtuple("Batch", "idx tgt old routes valid layout seqs seq_tokens", defaults=(0.0, None))
 
 
 def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
@@ -258,7 +282,8 @@ def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
     else:
         batch = Batch(*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
     batch.layout["at"] = (batch.tgt >= 0).flatten().nonzero().squeeze(1)
-    return batch
+    return batch._replace(seqs=sum(s.get("share", 1.0) for s in samples), seq_tokens=torch.tensor(
+        [s.get("episode_tokens", n_generated(s)) for s in samples], dtype=torch.float32))
 
 
 def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None, at=None):

@@ -29,7 +29,8 @@ def new_stats(args):
              "queued_groups", "len_sum", "len_n", "turns_sum", "canary_passes", "canary_samples", "gen_s",
              "sandbox_s", "train_s", "prefilter_s", "prefilter_n", "prefilter_kept",
              "prefilter_all", "repair_roots", "repair_n", "repair_passes", "repair_repeats", "tool_calls_sum",
-             "format_errors_sum"]
+             "format_errors_sum", "long_n", "long_passes", "summaries_sum", "summary_tokens_sum", "over_cap",
+             "facts_read", "facts_kept"]
     keys += [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Counter(dict.fromkeys(keys, 0))
 
@@ -74,9 +75,13 @@ def record(ctx, step, stats, pbar):
                    prefilter_odds_all=s["prefilter_all"] / max(s["prefilter_n"], 1))
     if ctx.ref is not None:
         rec["kl_ref"] = s["kl_ref_sum"] / nsc
-    if args.agent:           # tool calls and malformed actions per episode
+    if args.agent:           # tool calls and malformed actions per episode; the long tasks' summaries
         rec.update(tool_calls=s["tool_calls_sum"] / max(s["len_n"], 1),
-                   format_errors=s["format_errors_sum"] / max(s["len_n"], 1))
+                   format_errors=s["format_errors_sum"] / max(s["len_n"], 1),
+                   long_pass_rate=per("long_passes", "long_n"),
+                   summaries_per_episode=per("summaries_sum", "long_n"),
+                   summary_len=per("summary_tokens_sum", "summaries_sum"), over_cap=per("over_cap", "long_n"),
+                   fact_retention=per("facts_kept", "facts_read"))
     if args.repair_groups:   # failed attempts branched; the pass and resubmission rates of their repairs
         rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"),
                    repair_repeat_rate=per("repair_repeats", "repair_n"))

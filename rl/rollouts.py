@@ -21,6 +21,7 @@ stream, resumable state; a tool may pass just the fields a function reads, as
 experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
 (rl.metrics.new_stats).
 """
+import dataclasses
 import time
 from collections import namedtuple
 
@@ -29,9 +30,9 @@ import torch
 from infra import common
 from infra import engine
 import env
-from rl.algo import (collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated, token_logprobs,
-                     tool_calls, turns_of)
-from data.repos import generate_repo_tasks
+from rl.algo import (collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated, segments,
+                     token_logprobs, tool_calls, turns_of)
+from data.repos import generate_agent_tasks
 from data.tasks import generate_tasks
 
 
@@ -107,11 +108,14 @@ def signal_groups(scored, adv, keep):
     checkpoint)."""
     groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
     for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
-        if k:
-            part = {"turns": [{x: t.get(x) for x in needed} for t in s["turns"]]} if "turns" in s else \
-                {x: s.get(x) for x in needed}
-            key = (s["task_idx"], bool(s.get("repair")), s["group"])
-            groups.setdefault(key, []).append({**part, "adv": a})
+        if not k:
+            continue
+        key = (s["task_idx"], bool(s.get("repair")), s["group"])
+        for seg in segments(s):     # an episode carried by summaries: a sequence per segment, one advantage
+            part = {"turns": [{x: t.get(x) for x in needed} for t in seg["turns"]]} if "turns" in seg else \
+                {x: seg.get(x) for x in needed}
+            extra = {x: seg[x] for x in ("episode_tokens", "share") if x in seg}
+            groups.setdefault(key, []).append({**part, **extra, "adv": a})
     return [groups[g] for g in sorted(groups)]
 
 
@@ -156,14 +160,46 @@ def tool_episodes(ctx, tasks, keys, seed, stats):
     action per turn (ls, read, edit, test, submit) on the episode's own copy of the repository, the
     observation fed back, up to the step limit (engine.run_episodes, as eval.py and agent.py run it).
     One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
-    covers every token the model wrote in every turn, none of the observations (rl.algo.flatten)."""
-    t0 = time.time()
-    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, tools=env.Tools(), pool=ctx.pool,
-                              generator=rng(ctx, seed), **sampling_kw(ctx))
+    covers every token the model wrote in every turn, none of the observations (rl.algo.flatten).
+    Long tasks (a share of the stream, train_rl.FIXED long_share) run in env.long_tools(): when the
+    context passes its threshold the model summarises and goes on from a fresh context; each segment
+    trains as a sequence of its own with the episode's advantage (rl.algo.segments). An episode that
+    would need more summaries than the cap is masked out of its group or scored as a failure
+    (--over-cap)."""
+    t0, eps = time.time(), []
+    long = {i for i, t in enumerate(tasks) if len(t.facts) > 1}
+    for tools, idx, part in ((env.Tools(), [i for i in range(len(tasks)) if i not in long], "rollout"),
+                             (env.long_tools(), sorted(long), "long")):
+        if idx:
+            run = engine.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in idx], tools=tools, pool=ctx.pool,
+                                      generator=rng(ctx, seed._replace(part=part)), **sampling_kw(ctx))
+            eps += [{**e, "task_idx": idx[e["task_idx"]]} for e in run]
     stats["gen_s"] += time.time() - t0     # the tools' test runs happen between turns: counted as generation
+    eps.sort(key=lambda e: e["task_idx"])
     for e in eps:
         e["group"] = e["task_idx"]            # a task's G episodes are its group
+        if e["task_idx"] in long:
+            over_cap(ctx.args, tasks[e["task_idx"]], e, stats)
     return eps, [e["result"] for e in eps]
+
+
+def over_cap(args, task, e, stats):
+    """A long episode's summary statistics, and --over-cap: an episode that ran past the summary cap is
+    masked (left out of its group: no advantage, no loss) or scored as a failure (reward 0)."""
+    stats["long_n"] += 1
+    stats["long_passes"] += e["result"].passed
+    stats["summaries_sum"] += len(e["summaries"])
+    stats["summary_tokens_sum"] += sum(map(len, e["summaries"]))
+    read, kept = env.fact_retention(task, e)
+    stats["facts_read"] += read
+    stats["facts_kept"] += kept
+    if e["end"] != "summary_cap":
+        return
+    stats["over_cap"] += 1
+    if args.over_cap == "mask":
+        e["masked"] = True
+    elif e["result"].outcome != "sandbox_error":
+        e["result"] = dataclasses.replace(e["result"], reward=0.0, passed=False, outcome="over_cap")
 
 
 def repair_groups(ctx, tasks, keys, seed, stats):
@@ -237,7 +273,8 @@ def sampling_kw(ctx):
 Seed = namedtuple("Seed", "step round rank task part", defaults=(0, 0, 0, 0, "rollout"))
 RUN, STEP, ROUND = 1_000_003, 7919, 104_729
 PART = {"rollout": 0, "canary": 3, "repair": 15_485_863,   # the canary's group, the repairs of a failure
-        "task": 0}                                          # sample_seeding "task": one stream per task key
+        "task": 0,                                          # sample_seeding "task": one stream per task key
+        "long": 32_452_843}                                 # --agent's long tasks
 
 
 def rng(ctx, seed):
@@ -255,12 +292,17 @@ def next_tasks(ctx, n):
     the same global batch as one process. Returns (tasks, stream indices)."""
     pos = ctx.state["stream_pos"]
     keys = [ctx.rank + ctx.world * j for j in range(pos, pos + n)]
-    make = generate_repo_tasks if ctx.args.agent else generate_tasks
+    make = agent_stream(ctx.args) if ctx.args.agent else generate_tasks
     while keys and keys[-1] >= len(ctx.stream):           # task i depends on (seed, i) alone
         ctx.stream += make("train", len(ctx.stream), seed=ctx.args.task_seed, difficulties=ctx.levels,
                            start=len(ctx.stream))
     ctx.state["stream_pos"] = pos + n
     return [ctx.stream[k] for k in keys], keys
+
+
+def agent_stream(args):
+    """--agent's task generator: repository tasks, long_share of them long (data/repos.py)."""
+    return lambda *a, **kw: generate_agent_tasks(*a, **kw, long_share=args.long_share)
 
 
 def prefilter(ctx, tasks, keys, n, stats):
@@ -306,6 +348,10 @@ def teacher_forced(ctx, model, samples):
 
 
 def ref_kl(ctx, samples):
-    """k1 KL of each sample to the reference model (ctx.ref, frozen), from the sampler's own log-probs."""
-    return torch.cat([kl_k1(old, ref_lp, (tgt >= 0).float()).double().cpu()
-                      for tgt, old, ref_lp in teacher_forced(ctx, ctx.ref, samples)])
+    """k1 KL of each sample to the reference model (ctx.ref, frozen), from the sampler's own log-probs;
+    an episode carried by summaries sums its segments'."""
+    parts = [(i, seg) for i, s in enumerate(samples) for seg in segments(s)]
+    kl = torch.cat([kl_k1(old, ref_lp, (tgt >= 0).float()).double().cpu()
+                    for tgt, old, ref_lp in teacher_forced(ctx, ctx.ref, [seg for _, seg in parts])])
+    episode = torch.tensor([i for i, _ in parts])
+    return torch.zeros(len(samples), dtype=torch.float64).index_add_(0, episode, kl)

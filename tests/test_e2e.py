@@ -56,6 +56,25 @@ def test_run_sh_smoke_end_to_end(tmp_path):
     assert "artefacts:" in p.stdout
 
 
+def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path):
+    """AGENT=1: pretrain -> boot -> rl -> eval -> plots; the eval stage gives, per checkpoint, the
+    agent's keys and the long tasks' (the summary turn, the sliding window, the full context)."""
+    out = tmp_path / "agent"
+    env = dict(os.environ, PRESET="smoke", OUT=str(out), AGENT="1")
+    p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    figs = json.loads((out / "eval.json").read_text())["checkpoints"]
+    assert set(figs) == {"boot", "rl"}
+    for f in figs.values():
+        for key in ("agent/pass@1", "oracle/pass@1", "no_tools/pass@1", "summary/pass@1", "window/pass@1",
+                    "full_context/pass@1", "summary/slice=novel/pass@1", "summary/per_episode"):
+            assert 0.0 <= f[key] <= 8, key
+        assert "summary/fact_retention" in f and "summary/pass@1 - window" in f
+    steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert all("summaries_per_episode" in s and "fact_retention" in s for s in steps if "eval" not in s)
+    assert "summary/pass@1" in (out / "eval" / "agent.md").read_text()
+
+
 def test_eval_cpu_preset_measures_the_levels_rl_is_measured_on():
     """The cpu eval (run.sh's eval stage) draws held-out tasks of the levels the cpu RL preset evaluates,
     not the world's own mix (mostly levels 4-5, where every model here scores ~0)."""

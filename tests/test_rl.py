@@ -317,7 +317,7 @@ def test_micro_batches_keep_groups_whole_and_tensors_line_up_with_their_samples(
     assert flat == [[groups[0][1], groups[2][0], groups[2][1]], [groups[0][0]] + groups[1][:2], groups[1][2:]]
     for mbs, pack, fed in ((packed, True, 5 + 6 + 14), (flat, False, 6 + 4 + 3 * 6 + 4 + 4)):
         t = [rl.batch_tensors(mb, 0, 0, 1, False, pack) for mb in mbs]
-        for mb, (_, tgt, old, _, _, _) in zip(mbs, t):    # row i = sample i: its tokens, its log-probs
+        for mb, (_, tgt, old, *_) in zip(mbs, t):    # row i = sample i: its tokens, its log-probs
             assert tgt.size(0) == len(mb)
             for i, x in enumerate(mb):
                 assert tgt[i][tgt[i] >= 0].tolist() == x["tokens"]
@@ -328,7 +328,7 @@ def test_micro_batches_keep_groups_whole_and_tensors_line_up_with_their_samples(
     # an episode of two turns: every token it wrote is a target, the feedback is fed, never a target
     ep = {"turns": [{"prompt_ids": [1, 2], "tokens": [5, 6], "logprobs": [-1.0, -2.0]},
                     {"prompt_ids": [3], "tokens": [7, 8, 9], "logprobs": [-3.0, -4.0, -5.0]}]}
-    _, tgt, old, _, valid, layout = rl.batch_tensors([ep], 0, 0, 1, False, False)
+    _, tgt, old, _, valid, layout, *_ = rl.batch_tensors([ep], 0, 0, 1, False, False)
     assert tgt[0][tgt[0] >= 0].tolist() == [5, 6, 7, 8, 9] and old[0][tgt[0] >= 0].tolist() == [-1, -2, -3, -4, -5]
     assert valid.sum() == len(rl.flatten(ep)[0]) == 2 + 1 + 1 + 2 and rl.n_generated(ep) == 5
     assert list(layout) == ["at"] and layout["at"].tolist() == (tgt[0] >= 0).nonzero().squeeze(1).tolist()

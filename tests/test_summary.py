@@ -1,0 +1,228 @@
+"""Self-summarization: the long tasks, the summary turn in the episode loop, and its training (each
+segment a sequence of its own, with the episode's advantage and the episode's normaliser)."""
+import pytest
+import torch
+
+import env
+import rl.algo as rl
+from data.repos import (LONG_LABELS, generate_agent_tasks, generate_long_tasks, solved_files, summary_text,
+                        transcripts)
+from data.tokenizer import train_tokenizer
+from infra import engine
+from model import GPT, GPTConfig
+from rl import rollouts
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def long_tasks():
+    return generate_long_tasks("test", 6, seed=3, difficulties=[1, 2])
+
+
+@pytest.fixture(scope="module")
+def tok(long_tasks):
+    texts = [text for t in long_tasks for text in t.files.values()] + [t.issue for t in long_tasks]
+    return train_tokenizer(texts * 4, 400).with_tools()
+
+
+# ---------------------------------------------------------------------------------------------
+# Long tasks
+
+def test_long_tasks_need_two_names_each_stated_only_in_its_own_file(long_tasks, pool):
+    for t in long_tasks:
+        assert len(t.facts) == 2 and len({f["file"] for f in t.facts}) == 2 and t.kind == "implement"
+        for f, label in zip(t.facts, LONG_LABELS):
+            assert f"({label}: the value set in {f['file']})" in t.issue     # the issue says where
+            assert f["name"] not in t.issue and f"{f['name']} = {f['value']}\n" in t.files[f["file"]]
+            others = [text for path, text in t.files.items() if path != f["file"]]
+            assert not any(f["name"] in text for text in others)                # the name: only in its file
+            assert sum(c.isdigit() for c in t.files[f["file"]]) == len(str(abs(f["value"])))   # one number
+            assert f["name"] in t.solution
+    # the reference passes the hidden tests, the broken repository does not
+    ok = pool.run_batch([env.hidden_run(t, solved_files(t)) for t in long_tasks], [""] * len(long_tasks))
+    bad = pool.run_batch([env.hidden_run(t, t.files) for t in long_tasks], [""] * len(long_tasks))
+    assert all(r.passed for r in ok) and not any(r.passed for r in bad)
+    assert {t.slice for t in generate_long_tasks("test", 20, seed=3)} == {"near", "novel"}
+
+
+def test_the_agent_stream_keeps_each_index_whatever_its_start():
+    a = generate_agent_tasks("train", 6, seed=1, difficulties=[1, 2], long_share=0.5)
+    b = generate_agent_tasks("train", 3, seed=1, difficulties=[1, 2], start=3, long_share=0.5)
+    assert [t.task_id for t in a[3:]] == [t.task_id for t in b]
+    assert [len(t.facts) for t in a] == [1, 2, 1, 2, 1, 2]
+    assert [len(t.facts) for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0)] == [1, 1, 1]
+
+
+def test_bootstrap_transcripts_summarise_the_facts_read_and_restart_from_a_fresh_context(long_tasks, pool):
+    docs = transcripts(long_tasks, pool, seed=0)
+    assert len(docs) > len(long_tasks)            # a summarised episode is a document per segment
+    ends = [d for d in docs if d.segments[-1][0] == "<|end|>" and d.segments[-3][0] == "<|summary|>"]
+    assert ends
+    for d in ends:
+        request, text, end = d.segments[-3:]
+        assert request == ("<|summary|>", True, True) and end == ("<|end|>", False, True) and not text[1]
+        t = next(t for t in long_tasks if d.startswith(env.render_issue(t)))
+        lines, true = text[0].split("\n"), {summary_text(t, [f["file"]]) for f in t.facts}
+        read = [f["file"] for f in t.facts if f"<|read|>{f['file']}<|end|>" in d]
+        fed = [s[0] for s in d.segments[:-3] if s[1] and not s[2]]          # earlier summaries among them
+        before = [line for text in fed for line in text.split("\n") if line in true]
+        assert set(lines) <= true and {summary_text(t, [p]) for p in read} | set(before) == set(lines)
+    for d in docs:                                 # every document starts from the issue (context)
+        assert d.segments[0][1] and d.segments[0][0].startswith("# Issue")
+        fed = [s for s in d.segments if s[0] == "<|summary|>"]
+        assert all(s[1] for s in fed)              # the request is fed, never a target
+    t = long_tasks[0]
+    assert summary_text(t, [t.facts[1]["file"], "x.py"]) == f"{t.facts[1]['file']}: {t.facts[1]['name']} = " \
+                                                            f"{t.facts[1]['value']!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary turn in the loop
+
+def loud_model(tok, seq_len=1024):
+    """A random model whose tool rows are loud, so that it reads, writes and closes actions."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=seq_len, n_layer=2, n_head=2, n_kv_head=1,
+                          n_embd=32, n_expert=4, top_k=2, expert_hidden=32, n_dense_layers=1))
+    with torch.no_grad():
+        model.wte.weight[:, 0] = 30.0
+        loud = (("<|ls|>", 0.9), ("<|read|>", 1.3), ("<|test|>", 0.8), ("<|submit|>", 0.4), ("<|end|>", 1.2))
+        for name, w in loud:
+            model.lm_head.weight[tok.tool_ids[name], 0] = w
+    return model
+
+
+def test_summary_episodes_are_chains_of_segments_of_exactly_the_sampled_tokens(tok, pool, long_tasks):
+    """Each segment starts from the issue and the summaries so far, as the model's own sampled ids; the
+    request is fed after the observation; a summary is the model's tokens, capped; the tokens the
+    trainer scores (segments -> collate) are exactly those sampled, with their log-probs and routes."""
+    model, tasks = loud_model(tok), long_tasks[:3]
+    tools = env.Tools(max_actions=8, max_errors=6, memory="summary", window=200, max_summaries=2)
+    eps = engine.run_episodes(model, tok, tasks, 4, tools, pool, temperature=1.0, max_new_tokens=24,
+                              batch_size=12, generator=torch.Generator().manual_seed(2), return_routes=True)
+    request, n_summaries = tok.tool_ids["<|summary|>"], 0
+    for e in eps:
+        t, prompt = tasks[e["task_idx"]], tok.encode(tools.prompt(tasks[e["task_idx"]]))
+        summaries = [x for x in e["turns"] if x.get("summary")]
+        n_summaries += len(summaries)
+        assert [x["tokens"] for x in summaries] == e["summaries"] and len(summaries) <= 2
+        for a, b in zip(e["turns"], e["turns"][1:]):
+            if b.get("summary"):             # the request: after the observation, or after the action alone
+                assert b["prompt_ids"][-1] == request and b["segment"] == a["segment"]
+                assert len(b["tokens"]) <= env.SUMMARY_TOKENS
+            if a.get("summary"):             # a fresh context: the issue and every summary so far, as sampled
+                done = e["summaries"][:sum(x.get("summary", False) for x in e["turns"][:e["turns"].index(b)])]
+                assert b["prompt_ids"] == prompt + [i for s in done for i in [request] + s]
+                assert b["segment"] == a["segment"] + 1
+        segs = rl.segments(e)
+        assert len(segs) == e["turns"][-1]["segment"] + 1
+        assert [x for s in segs for x in rl.turns_of(s)] == e["turns"]
+        for s in segs:
+            ids, cols, tokens, lps = rl.flatten(s)
+            assert s["turns"][0]["prompt_ids"][:len(prompt)] == prompt and len(ids) <= 200 + 24
+            _, tgt, old, routes, _ = rl.collate([s], tok.pad_id, model.n_moe_layers, 2, True)
+            assert tgt[tgt >= 0].tolist() == tokens and old[tgt >= 0].tolist() == pytest.approx(lps)
+            assert sum(x["routes"].size(1) for x in s["turns"]) == len(ids)   # router replay: every segment
+        assert sum(len(rl.flatten(s)[2]) for s in segs) == rl.n_generated(e)
+        read, kept = env.fact_retention(t, e)
+        assert 0 <= kept <= read
+    assert n_summaries >= 3 and any(e["end"] == "summary_cap" for e in eps)
+
+
+def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_turns(tok, pool, long_tasks):
+    at = {env.summary_at(t, 448) for t in long_tasks}
+    assert len(at) > 1 and all(224 <= a <= 313 for a in at)       # drawn per task, in [0.5, 0.7] x window
+    assert env.summary_at(long_tasks[0], 448) == env.summary_at(long_tasks[0], 448)
+    model, tasks = loud_model(tok), long_tasks[:2]
+    tools = env.Tools(max_actions=8, max_errors=6, memory="window", window=320)
+    eps = engine.run_episodes(model, tok, tasks, 3, tools, pool, temperature=1.0, max_new_tokens=24,
+                              batch_size=6, generator=torch.Generator().manual_seed(3))
+    dropped = 0
+    for e in eps:
+        prompt = tok.encode(tools.prompt(tasks[e["task_idx"]]))
+        for a, b in zip(e["turns"], e["turns"][1:]):
+            if b["segment"] > a["segment"]:          # a rebuilt context: the prompt and the latest turns
+                dropped += 1
+                kept = b["prompt_ids"][len(prompt):]
+                at = env.summary_at(tasks[e["task_idx"]], 320)
+                assert b["prompt_ids"][:len(prompt)] == prompt and len(prompt) < at
+                assert len(b["prompt_ids"]) <= at
+                upto = [i for piece in e["stream"][:e["turns"].index(b)] for i in piece]
+                assert upto[len(upto) - len(kept):] == kept
+        assert not e["summaries"]
+    assert dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: segments, the shared advantage, the normalisation (worked numbers)
+
+def episode(segs):
+    """An episode of turns with the given segment ids and token counts: [(segment, n tokens)]."""
+    turns = [{"prompt_ids": [1, 2], "tokens": [10 + k] * n, "logprobs": [-0.5] * n, "segment": s}
+             for k, (s, n) in enumerate(segs)]
+    return {"turns": turns, "task_idx": 0, "group": 0}
+
+
+def test_segments_split_at_fresh_contexts_and_carry_the_episode_tokens():
+    e = episode([(0, 2), (0, 1), (1, 2)])                 # 5 tokens: 3 in the first segment, 2 in the second
+    a, b = rl.segments(e)
+    assert [t["tokens"] for t in a["turns"]] == [[10, 10], [11]]
+    assert [t["tokens"] for t in b["turns"]] == [[12, 12]]
+    assert a["episode_tokens"] == b["episode_tokens"] == 5 and a["share"] == b["share"] == 0.5
+    assert rl.segments(episode([(0, 2), (0, 3)])) == [episode([(0, 2), (0, 3)])]   # no summary: itself
+
+
+def test_every_segment_gets_the_episode_advantage():
+    e1, e2 = episode([(0, 2), (1, 1)]), episode([(0, 3)])       # a group of two episodes, rewards 1 and 0
+    scored = [(e1, env.Result(1.0, True, "pass", "", 1, 1)),
+              (e2, env.Result(0.0, False, "wrong_answer", "", 0, 1))]
+    adv, keep = rl.group_advantages(torch.tensor([1.0, 0.0]), [0, 0])
+    groups = rollouts.signal_groups(scored, adv, keep)
+    assert len(groups) == 1 and [s["adv"] for s in groups[0]] == [0.5, 0.5, -0.5]
+    assert [s.get("share", 1.0) for s in groups[0]] == [0.5, 0.5, 1.0]
+
+
+def test_the_loss_is_normalised_over_the_whole_episode():
+    """An episode of 3 + 2 tokens split into two sequences: under the sequence norm each token weighs
+    1 / (5 tokens x 1 episode) = 0.2, as unsplit (a segment normalised alone would weigh 1/3 and 1/2);
+    the constant and token norms never look at the split."""
+    e = episode([(0, 2), (0, 1), (1, 2)])
+    segs = rl.segments(e)
+    b = rl.batch_tensors(segs, 0, 0, 1, False, False)
+    mask = (b.tgt >= 0).float()
+    assert b.seqs == 1.0 and b.seq_tokens.tolist() == [5.0, 5.0]
+    w = rl.token_weights(mask, "sequence", 4, b.seqs, 5, b.seq_tokens)
+    assert w[mask > 0].tolist() == pytest.approx([0.2] * 5) and w.sum().item() == pytest.approx(1.0)
+    whole = rl.batch_tensors([{"turns": e["turns"][:2]}], 0, 0, 1, False, False)   # unsplit: its own count
+    assert rl.token_weights((whole.tgt >= 0).float(), "sequence", 4, 1, 3, whole.seq_tokens).sum() == \
+        pytest.approx(1.0)
+    naive = rl.token_weights(mask, "sequence", 4, 2, 5)         # segments as if episodes: 1/6 and 1/4
+    assert naive[mask > 0].tolist() == pytest.approx([1 / 6] * 3 + [1 / 4] * 2)
+    assert rl.token_weights(mask, "constant", 4, 8, 5)[mask > 0].tolist() == pytest.approx([1 / 32] * 5)
+    assert rl.token_weights(mask, "token", 4, 8, 10)[mask > 0].tolist() == pytest.approx([0.1] * 5)
+
+
+def test_over_cap_episodes_are_masked_or_failed():
+    from collections import Counter
+    from types import SimpleNamespace
+    t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1},
+                               {"file": "b.py", "name": "B", "value": 2}])
+    for mode in ("mask", "fail"):
+        e = {"result": env.Result(1.0, True, "pass", "", 1, 1), "summaries": [[5, 6], [7]],
+             "end": "summary_cap",
+             "actions": [{"action": "read", "path": "a.py", "error": None}],
+             "turns": [{"tokens": [1]}, {"tokens": [5, 6], "summary": True, "text": "a.py: A = 1"},
+                       {"tokens": [7], "summary": True, "text": "nothing"}]}
+        stats = Counter()
+        rollouts.over_cap(SimpleNamespace(over_cap=mode), t, e, stats)
+        assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
+        assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; named in one
+        if mode == "mask":
+            assert e["masked"] and e["result"].passed
+        else:
+            assert not e.get("masked") and e["result"].reward == 0.0 and e["result"].outcome == "over_cap"
