@@ -463,7 +463,8 @@ class Tools:
         now; prompt: the task's prompt ids."""
         if not self.memory:
             return keep_context(e, feed, used, seq_len - max_new_tokens)
-        e["stream"].append(x["tokens"][:-1] + feed)                  # every id after the prompt, in order
+        if self.memory == "window":
+            e["stream"].append(x["tokens"][:-1] + feed)              # every id after the prompt, in order
         if x.get("summary"):          # a fresh context: the issue and every summary, as the model wrote them
             return prompt + [i for s in e["summaries"] for i in [tok.tool_ids["<|summary|>"]] + s], True, None
         window = min(self.window, seq_len)
