@@ -381,27 +381,37 @@ def test_report(result):
 # segment (rl.algo.segments), so RL reinforces summaries that keep what the rest of the episode needs.
 SUMMARY_TOKENS = 64       # a summary's cap
 SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes without the observation
-# The long tasks' (data/repos.py) context window: the issue (~90 tokens of the cpu tokenizer) and both
-# settings files (~155 each) overflow it, a summary after either read fits; the model's own context
-# (1024 on the cpu preset) holds a whole episode, which eval.py's full-context oracle runs in.
-LONG_WINDOW = 448
+# The long tasks' (data/repos.py) context window, and (summary_at) its threshold at 50-65% of it,
+# 320-416 tokens. With the cpu tokenizer the issue is ~90 tokens and a settings file's read ~170 (the
+# action and the observation): the issue and both reads (~425) pass every threshold, so a sliding
+# window never holds both files, and an episode asks for its summary by the second read at the latest;
+# the threshold, a read and the summary's room fit the window (416 + 205 + 16 < 640), so the request
+# comes with its observation. The model's own context (1024 on the cpu preset) holds a whole episode,
+# which eval.py's full-context oracle runs in.
+LONG_WINDOW = 640
 LONG_ACTIONS = 10         # a long task's step limit: two reads more than a short one's, and room to reread
 
 
 def fact_retention(task, e):
-    """(needed facts read before a summary, those of them it names): for each summary of episode e,
-    every fact of task.facts whose file the episode read before it, and whether its text states the
-    fact's name (what a later edit must write)."""
+    """(needed facts read before a summary, those of them it keeps): for each summary of episode e,
+    every fact of task.facts whose file the episode read before it, and whether one line of its text
+    states both the fact's label (N1) and its value, as a whole number (what a later edit must write)."""
     read, actions, n, kept = set(), iter(e["actions"]), 0, 0
     for t in e["turns"]:
         if t.get("summary"):
             seen = [f for f in task.facts if f["file"] in read]
-            n, kept = n + len(seen), kept + sum(f["name"] in t["text"] for f in seen)
+            n, kept = n + len(seen), kept + sum(_states(t["text"], f) for f in seen)
             continue
         a = next(actions)
         if a["action"] == "read" and not a["error"]:
             read.add(a["path"])
     return n, kept
+
+
+def _states(text, fact):
+    """Whether a line of text names fact's label and its value as a whole number ('N1 = 16', not 160)."""
+    return any(re.search(rf"\b{fact['label']}\b", line) and re.search(rf"\b{abs(fact['value'])}\b", line)
+               for line in text.split("\n"))
 
 
 def long_tools(memory="summary"):
@@ -412,8 +422,8 @@ def long_tools(memory="summary"):
 
 def summary_at(task, window):
     """The context length (tokens) past which an episode of `task` summarises, or drops turns: between
-    half and 70% of the window, drawn from the task's id, so every episode of a group shares it."""
-    return int(window * random.Random(f"summary/{task.task_id}").uniform(0.5, 0.7))
+    half and 65% of the window, drawn from the task's id, so every episode of a group shares it."""
+    return int(window * random.Random(f"summary/{task.task_id}").uniform(0.5, 0.65))
 
 
 def keep_context(e, feed, used, room):

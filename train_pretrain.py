@@ -282,7 +282,7 @@ def prepared_data():
         index = tasks.heldout_index(args.holdout_n)
         prep = corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
                               {"tasks": lambda: repair.tasks_source(args),
-                               "agent": lambda: repos.agent_source(args)})
+                               "agent": lambda: repos.agent_source(args, tok)})
         with common.atomic_open(manifest) as f:
             json.dump(prep, f)
     deadline = time.time() + 60 * PREP_WAIT_MIN

@@ -254,13 +254,16 @@ def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, fact_i
 
 
 # ----------------------------------------------------------------------------- long tasks
-# Self-summarization's tasks (env.Tools' memory): the function needs two constants, each the one number
-# of its own settings file, and those files are long (text settings around the number), so that an
-# episode that reads the module and both files overflows the agent's context window (eval.py and
-# train_rl.py's `window`) while the model's full context holds it. Without a memory the agent cannot
-# keep both names; with the summary turn it must write them into its summaries. The issue carries the
-# docstring (what the function does, which file sets N1 and which N2), so a fresh context, which starts
-# from the issue, lacks only the names, which are read from the files. Kind "implement", facts in files.
+# Self-summarization's tasks (env.Tools' memory): the function needs two constants, N1 and N2, each the
+# one number of its own settings file, and those files are long (text settings around the number), so
+# that an episode that reads both overflows the agent's context window (eval.py and train_rl.py's
+# `window`) while the model's full context holds it. Without a memory the agent cannot keep both values;
+# with the summary turn it must write them into its summaries. The issue carries the docstring (what the
+# function does, which file sets N1 and which N2), so a fresh context, which starts from the issue,
+# lacks only the two numbers. The reference writes them as literals (as the tasks of tasks.py do): the
+# facts are the values, keyed by the issue's labels (a first version needed the constants' names, and
+# the cpu model blended the two names, e.g. DEFAULT_QUOTA from DEFAULT_RATE and STANDARD_QUOTA: notes.md).
+# Kind "implement", facts in files.
 
 LONG_CONFIGS = ["rates", "limits", "defaults", "options", "params", "tuning"]
 LONG_LABELS = ("N1", "N2")
@@ -273,11 +276,12 @@ LONG_FILE_CHARS = 280   # a settings file's length, filled by text settings (und
 
 
 def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
-    """A settings module of text settings (no digits: the value is its only number) with the one
-    integer constant at a random place among them."""
-    lines, used = [], {const}
+    """A settings module of text settings (lower-case names, no digits) with the one integer constant,
+    the file's only capitalised name and only number, at a random place among them: what makes the
+    file long is filler, what the summary must keep is one line."""
+    lines, used = [], set()
     while sum(map(len, lines)) < n_chars - len(const) - 20:
-        name = "_".join(r.choice(SETTING_WORDS) for _ in range(2)).upper()
+        name = "_".join(r.choice(SETTING_WORDS) for _ in range(2))
         if name in used:
             continue
         used.add(name)
@@ -288,7 +292,8 @@ def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
 
 def make_long_task(split, seed, index, difficulties=None):
     """Long repository task `index` of (split, seed): a world program with two integer constants,
-    each in its own settings file (task.facts, in step order), from the stream "repo-long/{seed}/{index}"
+    each in its own settings file (task.facts, in step order: file, name, value, label N1 / N2), from the
+    stream "repo-long/{seed}/{index}"
     (levels below 2 have no such program: they are raised to 2). Deterministic."""
     levels = sorted({max(2, d) for d in difficulties}) if difficulties else None
     task_id = f"repo/{split}/{seed}/{index}/long"
@@ -314,6 +319,8 @@ def _build_long(r, task_id, split, program, spec, steps):
             pass
         used.add(const)
         facts.append({"file": f"{config}.py", "name": const, "value": program.steps[i][1][0]})
+    for f, label in zip(facts, LONG_LABELS):
+        f["label"] = label
     if len({f["value"] for f in facts}) < 2:       # two equal values: one read would give both
         return None
     test_file = f"test_{module}.py"
@@ -329,7 +336,7 @@ def _build_long(r, task_id, split, program, spec, steps):
              f"The visible tests are in {test_file}.")              # every fresh context: only the names move
     task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
                     facts[0]["file"], "implement", "file", facts[0],
-                    head + _body(program, arg, {i: f["name"] for i, f in zip(steps, facts)}),
+                    head + _body(program, arg, {i: repr(f["value"]) for i, f in zip(steps, facts)}),
                     "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
                     facts=facts)
     elsewhere = [(f, text) for f in facts for path, text in files.items() if path != f["file"]]
@@ -518,11 +525,10 @@ FULL_FRAC = 0.2       # long tasks' transcripts without a summary (the full-cont
 LONG_SHARE = 0.4      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
 
 
-def long_plan(task, r, full=False):
-    """A long task's scripted actions, [(action, payload)] and ("summary", None) where the harness asks
-    for one: the detours of plan() (the module or ls first), both settings files read (in either order),
-    a summary after the second read and, at times, after the first too (the harness asks wherever its
-    threshold falls), then the edit, the test run, submit. full: no summary (a context that holds all)."""
+def long_plan(task, r):
+    """A long task's scripted actions, [(action, payload)]: the detours of plan() (the module or ls
+    first), both settings files read (in either order), the edit, the test run, submit. Where the
+    summaries fall is the harness's business (transcripts asks env.Tools.fit, as an episode does)."""
     module, steps = f"{task.module}.py", []
     if r.random() < 0.3:
         steps.append(("read", module))
@@ -530,45 +536,45 @@ def long_plan(task, r, full=False):
         steps.append(("ls", ""))
     files = [f["file"] for f in task.facts]
     r.shuffle(files)
-    steps.append(("read", files[0]))
-    if not full and r.random() < 0.4:
-        steps.append(("summary", None))
-    steps.append(("read", files[1]))
-    steps += [] if full else [("summary", None)]
+    steps += [("read", files[0]), ("read", files[1])]
     return steps + [("edit", f"{module}\n" + short_definition(task)), ("test", ""), ("submit", "")]
 
 
 def summary_text(task, read):
     """The rule-based summary of the bootstrap: the needed facts read so far (read: paths in order),
-    one line each, as `file: NAME = value`."""
-    lines = [f"{f['file']}: {f['name']} = {f['value']!r}" for p in read for f in task.facts if f["file"] == p]
+    one line each, as `N1 = value (file)`: the issue's label, what the edit needs."""
+    lines = [f"{f['label']} = {f['value']!r} ({p})" for p in read for f in task.facts if f["file"] == p]
     return "\n".join(lines) if lines else "nothing read yet"
 
 
-def transcripts(tasks, pool, seed=0):
+def transcripts(tasks, pool, seed=0, tok=None):
     """One oracle Transcript per task, observations from env.Tools itself; every test run of the
     batch goes to `pool` (env.SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
     oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format.
-    A long task's episode is one Transcript per segment: the first ends on its summary, the next starts
-    from the fresh context (the issue and the summaries so far, context like the observations)."""
+    A long task's episode (FULL_FRAC of them aside: the full-context format, no summary) runs in the
+    summary harness (env.long_tools), which says where a summary falls: tok counts the context as an
+    episode's would. It is one Transcript per segment: the first ends on its summary (summary_text),
+    the next starts from the fresh context (the issue and the summaries so far, context like the
+    observations). An observation the harness drops for want of room is dropped here too, and read again
+    after the summary."""
     import env    # the harness (env.py imports nothing of data/)
     docs, runs = [], []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
         oracle = r.random() < ORACLE_FRAC and len(t.facts) == 1
-        tools = env.Tools(inline=True) if oracle else env.Tools()
+        summarise = len(t.facts) > 1 and r.random() >= FULL_FRAC
+        if summarise and tok is None:
+            raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
+        tools = env.Tools(inline=True) if oracle else env.long_tools() if summarise else env.Tools()
         steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else \
-            long_plan(t, r, r.random() < FULL_FRAC) if len(t.facts) > 1 else plan(t, r)
+            long_plan(t, r) if len(t.facts) > 1 else plan(t, r)
         e, read, fresh = tools.start(t), [], [(tools.prompt(t), True, False)]   # fresh: a new context's start
         segs = list(fresh)
-        for name, payload in steps:
-            if name == "summary":       # the request, the summary; then a new document: the fresh context
-                text = summary_text(t, read)
-                segs += [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)]
-                docs.append(segs)
-                fresh += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
-                segs = list(fresh)
-                continue
+        if summarise:
+            prompt = tok.encode(tools.prompt(t))
+            ctx = len(prompt)                       # the ids in the episode's context before its next turn
+        while steps:
+            name, payload = steps.pop(0)
             read += [payload] if name == "read" else []
             segs += env.action_segments(name, payload)
             if name == "submit" or oracle:          # the oracle's one action ends its episode
@@ -577,6 +583,29 @@ def transcripts(tasks, pool, seed=0):
             if run:                                 # a test run: its report is filled in below
                 runs.append((len(docs), len(segs) + 1, run))
             segs += env.observation_segments(obs)
+            if not summarise:
+                continue
+            act = [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
+            shown = f"{_visible_count(t)} passed, 0 failed" if run else obs   # the reference passes its run
+            feed = act[-1:] + tools.feed_ids(tok, shown)       # as engine.next_feed: <|end|>, the observation
+            nxt = tools.fit(tok, t, e, {"tokens": act, "stopped": False}, feed, ctx + len(act) - 1, prompt,
+                            10 ** 9, 0)
+            if nxt is None:                         # past the summary cap: the harness ends the episode
+                break
+            if not e.pop("summarizing", False):
+                ctx += len(act) - 1 + len(nxt[0])
+                continue
+            if e.pop("blind", 0):                   # no room for the observation: again after the summary
+                segs, read = segs[:-3], read[:-1] if name == "read" else read
+                runs = runs[:-1] if run else runs
+                steps.insert(0, (name, payload))
+            text = summary_text(t, read)
+            segs += [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)]
+            docs.append(segs)
+            e["summaries"].append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
+            fresh += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
+            segs = list(fresh)
+            ctx = len(prompt) + sum(1 + len(ids) for ids in e["summaries"])
         docs.append(segs)
     results = pool.run_batch([run for _, _, run in runs], [""] * len(runs))
     for (d, at, _), r in zip(runs, results):
@@ -590,7 +619,7 @@ def transcripts(tasks, pool, seed=0):
     return out
 
 
-def agent_source(args, chunk=256):
+def agent_source(args, tok, chunk=256):
     """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
     oracle transcripts of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
     --source-mb cap stops it)."""
@@ -601,7 +630,7 @@ def agent_source(args, chunk=256):
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
-            yield from transcripts(part, pool, args.seed)
+            yield from transcripts(part, pool, args.seed, tok)
 
 
 # ----------------------------------------------------------------------------- command line

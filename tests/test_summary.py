@@ -1,5 +1,7 @@
 """Self-summarization: the long tasks, the summary turn in the episode loop, and its training (each
 segment a sequence of its own, with the episode's advantage and the episode's normaliser)."""
+import re
+
 import pytest
 import torch
 
@@ -33,7 +35,7 @@ def tok(long_tasks):
 # ---------------------------------------------------------------------------------------------
 # Long tasks
 
-def test_long_tasks_need_two_names_each_stated_only_in_its_own_file(long_tasks, pool):
+def test_long_tasks_need_two_values_each_stated_only_in_its_own_file(long_tasks, pool):
     for t in long_tasks:
         assert len(t.facts) == 2 and len({f["file"] for f in t.facts}) == 2 and t.kind == "implement"
         for f, label in zip(t.facts, LONG_LABELS):
@@ -42,7 +44,7 @@ def test_long_tasks_need_two_names_each_stated_only_in_its_own_file(long_tasks, 
             others = [text for path, text in t.files.items() if path != f["file"]]
             assert not any(f["name"] in text for text in others)                # the name: only in its file
             assert sum(c.isdigit() for c in t.files[f["file"]]) == len(str(abs(f["value"])))   # one number
-            assert f["name"] in t.solution
+            assert f["label"] == label and re.search(rf"\b{f['value']}\b", t.solution)   # written as a literal
     # the reference passes the hidden tests, the broken repository does not
     ok = pool.run_batch([env.hidden_run(t, solved_files(t)) for t in long_tasks], [""] * len(long_tasks))
     bad = pool.run_batch([env.hidden_run(t, t.files) for t in long_tasks], [""] * len(long_tasks))
@@ -58,8 +60,10 @@ def test_the_agent_stream_keeps_each_index_whatever_its_start():
     assert [len(t.facts) for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0)] == [1, 1, 1]
 
 
-def test_bootstrap_transcripts_summarise_the_facts_read_and_restart_from_a_fresh_context(long_tasks, pool):
-    docs = transcripts(long_tasks, pool, seed=0)
+def test_bootstrap_transcripts_summarise_the_facts_read_and_restart_from_a_fresh_context(long_tasks, pool, tok):
+    with pytest.raises(ValueError, match="need tok"):
+        transcripts(long_tasks, pool, seed=0)
+    docs = transcripts(long_tasks, pool, seed=0, tok=tok)
     assert len(docs) > len(long_tasks)            # a summarised episode is a document per segment
     ends = [d for d in docs if d.segments[-1][0] == "<|end|>" and d.segments[-3][0] == "<|summary|>"]
     assert ends
@@ -76,9 +80,26 @@ def test_bootstrap_transcripts_summarise_the_facts_read_and_restart_from_a_fresh
         assert d.segments[0][1] and d.segments[0][0].startswith("# Issue")
         fed = [s for s in d.segments if s[0] == "<|summary|>"]
         assert all(s[1] for s in fed)              # the request is fed, never a target
+    # each summary falls where the harness asks for one: the context passes the task's threshold at the
+    # observation before it, and at no earlier observation of its segment (ids counted as encode_doc does)
+    asked = 0
+    for d in [d for d in docs if "<|summary|>" in d]:          # the rest: the full-context format
+        t = next(t for t in long_tasks if d.startswith(env.render_issue(t)))
+        n, at = 0, env.summary_at(t, env.LONG_WINDOW)
+        for k, (piece, _, special) in enumerate(d.segments):
+            n += 1 if special else len(tok.encode(piece))
+            if piece == "<|/obs|>":
+                follows = k + 1 < len(d.segments) and d.segments[k + 1][0] == "<|summary|>"
+                assert (n > at) == follows
+                asked += follows
+    assert asked
     t = long_tasks[0]
-    assert summary_text(t, [t.facts[1]["file"], "x.py"]) == f"{t.facts[1]['file']}: {t.facts[1]['name']} = " \
-                                                            f"{t.facts[1]['value']!r}"
+    f = t.facts[1]
+    assert summary_text(t, [f["file"], "x.py"]) == f"N2 = {f['value']!r} ({f['file']})"
+    assert env.fact_retention(t, {"actions": [{"action": "read", "path": f["file"], "error": None}],
+                                  "turns": [{}, {"summary": True, "text": f"N2 = {f['value']}"}]}) == (1, 1)
+    assert env.fact_retention(t, {"actions": [{"action": "read", "path": f["file"], "error": None}],
+                                  "turns": [{}, {"summary": True, "text": f"N1 = {f['value']}"}]}) == (1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,9 +156,9 @@ def test_summary_episodes_are_chains_of_segments_of_exactly_the_sampled_tokens(t
 
 
 def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_turns(tok, pool, long_tasks):
-    at = {env.summary_at(t, 448) for t in long_tasks}
-    assert len(at) > 1 and all(224 <= a <= 313 for a in at)       # drawn per task, in [0.5, 0.7] x window
-    assert env.summary_at(long_tasks[0], 448) == env.summary_at(long_tasks[0], 448)
+    at = {env.summary_at(t, 640) for t in long_tasks}
+    assert len(at) > 1 and all(320 <= a <= 416 for a in at)       # drawn per task, in [0.5, 0.65] x window
+    assert env.summary_at(long_tasks[0], 640) == env.summary_at(long_tasks[0], 640)
     model, tasks = loud_model(tok), long_tasks[:2]
     tools = env.Tools(max_actions=8, max_errors=6, memory="window", window=320)
     eps = engine.run_episodes(model, tok, tasks, 3, tools, pool, temperature=1.0, max_new_tokens=24,
@@ -210,18 +231,18 @@ def test_the_loss_is_normalised_over_the_whole_episode():
 def test_over_cap_episodes_are_masked_or_failed():
     from collections import Counter
     from types import SimpleNamespace
-    t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1},
-                               {"file": "b.py", "name": "B", "value": 2}])
+    t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1, "label": "N1"},
+                               {"file": "b.py", "name": "B", "value": 2, "label": "N2"}])
     for mode in ("mask", "fail"):
         e = {"result": env.Result(1.0, True, "pass", "", 1, 1), "summaries": [[5, 6], [7]],
              "end": "summary_cap",
              "actions": [{"action": "read", "path": "a.py", "error": None}],
-             "turns": [{"tokens": [1]}, {"tokens": [5, 6], "summary": True, "text": "a.py: A = 1"},
+             "turns": [{"tokens": [1]}, {"tokens": [5, 6], "summary": True, "text": "N1 = 1 (a.py)"},
                        {"tokens": [7], "summary": True, "text": "nothing"}]}
         stats = Counter()
         rollouts.over_cap(SimpleNamespace(over_cap=mode), t, e, stats)
         assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
-        assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; named in one
+        assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; kept in one
         if mode == "mask":
             assert e["masked"] and e["result"].passed
         else:
