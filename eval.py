@@ -566,6 +566,9 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
             figs[f"summary/{sl}pass@1 - window"], figs[f"summary/{sl}pass@1 - window, paired SE"] = gain, se
         full = figs["full_context/pass@1"]
         figs["summary/pass@1 / full_context"] = figs["summary/pass@1"] / full if full else None
+        # the long tasks a sliding window could solve without a memory, with this checkpoint's tokenizer
+        long = suites["summary"][0]
+        figs["window/memory_free"] = sum(env.memory_free(tok, t) for t in long) / len(long)
     figs["eval_s"] = time.time() - t0
     return figs, records
 
@@ -602,7 +605,7 @@ def evaluate_agent_checkpoints(args):
             + (f"; long tasks: {len(suites['summary'][0])} x {args.agent_samples} episodes (two facts in two "
                f"long files), summary = the summary turn in a window of {env.LONG_WINDOW} tokens, window = "
                f"the oldest turns dropped instead, full_context = the model's whole context (fact_retention: "
-               f"of the needed facts read before a summary, the share it names)"
+               f"of the needed facts read before a summary, the share it keeps: label and value)"
                if "summary" in suites else ""))
     table = markdown_table(figs)
     print(head + "\n\n" + table, flush=True)

@@ -3,7 +3,7 @@ function to implement or fix, its visible tests) in which an agent must write or
 
     tasks = generate_repo_tasks("test", 100, seed=11, difficulties=[1, 2])   # RepoTask records
     cf = counterfactual(tasks[0])             # the same task with the config value changed
-    docs = transcripts(tasks, pool, seed=0)   # oracle episodes for continued pretraining (the bootstrap)
+    docs = transcripts(tasks, pool, seed=0, tok=tok)   # oracle episodes for continued pretraining
     python -m data.repos --show 2 --split test --seed 11
 
 Why: a function task (tasks.py) puts everything the solver needs in the prompt. An agent in a
@@ -72,6 +72,7 @@ class RepoTask:
     fact_in: str            # "file" (only config_file states the value) or "prompt" (the issue states it too)
     fact: dict              # {"file": config_file, "name": CONST_NAME, "value": int}: what a solution needs
     solution: str           # the reference `def entry_point(...):` definition, docstring included, using NAME
+                            # (a long task: both values as literals)
     slice: str = ""         # "near" | "novel" for test tasks (world.py's slice), "canary", "" for train
     difficulty: int = 0
     steps: int = 0
@@ -272,7 +273,7 @@ SETTING_WORDS = ["report", "ledger", "export", "archive", "summary", "audit", "b
                  "owner", "vendor", "source", "target", "label", "status", "notice", "policy", "profile",
                  "account", "invoice", "review", "monthly", "weekly", "daily", "quarterly", "primary",
                  "secondary", "internal", "external", "public", "private", "legacy", "current", "draft"]
-LONG_FILE_CHARS = 280   # a settings file's length, filled by text settings (under env.OBS_CHARS: seen whole)
+LONG_FILE_CHARS = 330   # a settings file's length, filled by text settings (under env.OBS_CHARS: seen whole)
 
 
 def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
@@ -333,7 +334,7 @@ def _build_long(r, task_id, split, program, spec, steps):
     files[f"{module}.py"] = f"{imports}\n\n{head}    raise NotImplementedError\n"
     files[test_file] = _test_file(module, name, list(zip(spec["inputs"], spec["outputs"]))[:n_vis])
     issue = (f"Implement `{name}({arg})` in {module}.py: its body is missing. {doc} "    # the spec stays in
-             f"The visible tests are in {test_file}.")              # every fresh context: only the names move
+             f"The visible tests are in {test_file}.")              # every fresh context: the values move
     task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
                     facts[0]["file"], "implement", "file", facts[0],
                     head + _body(program, arg, {i: repr(f["value"]) for i, f in zip(steps, facts)}),
@@ -547,16 +548,16 @@ def summary_text(task, read):
     return "\n".join(lines) if lines else "nothing read yet"
 
 
-def transcripts(tasks, pool, seed=0, tok=None):
+def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
     """One oracle Transcript per task, observations from env.Tools itself; every test run of the
     batch goes to `pool` (env.SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
     oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format.
     A long task's episode (FULL_FRAC of them aside: the full-context format, no summary) runs in the
     summary harness (env.long_tools), which says where a summary falls: tok counts the context as an
-    episode's would. It is one Transcript per segment: the first ends on its summary (summary_text),
-    the next starts from the fresh context (the issue and the summaries so far, context like the
-    observations). An observation the harness drops for want of room is dropped here too, and read again
-    after the summary."""
+    episode's would, in a model of seq_len positions (None: the window's). It is one Transcript per
+    segment: the first ends on its summary (summary_text), the next starts from the fresh context (the
+    issue and the summaries so far, context like the observations). An observation the harness drops
+    for want of room is dropped here too, and read again after the summary."""
     import env    # the harness (env.py imports nothing of data/)
     docs, runs = [], []
     for t in tasks:
@@ -589,7 +590,7 @@ def transcripts(tasks, pool, seed=0, tok=None):
             shown = f"{_visible_count(t)} passed, 0 failed" if run else obs   # the reference passes its run
             feed = act[-1:] + tools.feed_ids(tok, shown)       # as engine.next_feed: <|end|>, the observation
             nxt = tools.fit(tok, t, e, {"tokens": act, "stopped": False}, feed, ctx + len(act) - 1, prompt,
-                            10 ** 9, 0)
+                            seq_len or env.LONG_WINDOW, 0)
             if nxt is None:                         # past the summary cap: the harness ends the episode
                 break
             if not e.pop("summarizing", False):
@@ -630,7 +631,7 @@ def agent_source(args, tok, chunk=256):
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
-            yield from transcripts(part, pool, args.seed, tok)
+            yield from transcripts(part, pool, args.seed, tok, args.seq_len)
 
 
 # ----------------------------------------------------------------------------- command line
