@@ -355,6 +355,11 @@ def hidden_run(task, repo):
     return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs)
 
 
+def action_ids(tok, name, payload):
+    """An action's ids as the model writes them: <|name|>, the raw payload, <|end|> (parse_action)."""
+    return [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
+
+
 def action_segments(name, payload):
     """An action as a transcript's pieces (text, context?, special?): what parse_action reads."""
     return [(f"<|{name}|>", False, True), (payload, False, False), ("<|end|>", False, True)]
@@ -432,7 +437,7 @@ def summary_at(task, window):
 def memory_free(tok, task, window=LONG_WINDOW):
     """Whether the issue and a read of every file of task.facts fit under the task's threshold: a long
     task a sliding window could solve without a memory (none should be; eval.py counts them)."""
-    reads = sum(len(tok.encode(f["file"])) + 2 + len(Tools().feed_ids(tok, task.files[f["file"]]))
+    reads = sum(len(action_ids(tok, "read", f["file"])) + len(Tools().feed_ids(tok, task.files[f["file"]]))
                 for f in task.facts)
     return len(tok.encode(render_issue(task))) + reads <= summary_at(task, window)
 

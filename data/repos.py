@@ -586,8 +586,9 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
             segs += env.observation_segments(obs)
             if not summarise:
                 continue
-            act = [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
-            shown = f"{_visible_count(t)} passed, 0 failed" if run else obs   # the reference passes its run
+            act = env.action_ids(tok, name, payload)
+            n = _visible_count(t)                   # the reference passes its run: that report's length
+            shown = env.test_report(env.Result(1.0, True, "pass", "", n, n)) if run else obs
             feed = act[-1:] + tools.feed_ids(tok, shown)       # as engine.next_feed: <|end|>, the observation
             nxt = tools.fit(tok, t, e, {"tokens": act, "stopped": False}, feed, ctx + len(act) - 1, prompt,
                             seq_len or env.LONG_WINDOW, 0)

@@ -36,12 +36,6 @@ def tiny(tmp_path_factory):
     return model.eval(), tok, path
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
-        yield p
-
-
 def test_two_streams_are_generate_retiring_per_share():
     """Two streams = generate() on each share of the rows with the share's own generator (seeded from
     the caller's), the rows of one prompt kept in one share, side by side in threads: same tokens,

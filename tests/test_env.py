@@ -18,10 +18,6 @@ from data import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-@pytest.fixture(scope="module")
-def pool():
-    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
-        yield p
 
 def add_task(n=4):
     return tasks.Task("t/add", 'def f(x):\n    """Return x plus 1."""\n', "f",

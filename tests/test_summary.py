@@ -16,12 +16,6 @@ from rl import rollouts
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def long_tasks():
     return generate_long_tasks("test", 6, seed=3, difficulties=[1, 2])
 

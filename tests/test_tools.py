@@ -38,14 +38,9 @@ def tok():
     return train_tokenizer(["def f(x):\n    return x + 1\n" * 50, MODULE, TESTS, CONFIG], 300).with_tools()
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with env.SandboxPool(workers=2, timeout_s=2.0) as p:
-        yield p
-
-
 def action(tok, name, payload="", close=True):
-    return [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + ([tok.tool_ids["<|end|>"]] if close else [])
+    ids = env.action_ids(tok, name, payload)
+    return ids if close else ids[:-1]
 
 
 def turn(tok, ids):
