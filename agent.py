@@ -1,5 +1,5 @@
 """
-agent.py: the interactive command, in the harness the model was trained in (infra/engine.py
+agent.py: the interactive command, in the harness the model was trained in (env.py
 run_episodes, as train_rl.py and eval.py run it). Two tool sets:
 
 --repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
@@ -38,8 +38,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see eval.py
 import torch
 
 from infra import common
-from infra import engine, fast, speculative
+import sampling
+import speculative
 import env
+from sandbox.pool import SandboxPool
 from data.tasks import Task, generate_tasks, parse_difficulties
 
 PRESETS = {
@@ -115,16 +117,16 @@ def project_task(files, test_file, issue):
 def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
     """An agent episode as the model saw it: the prompt, then each action and its observation."""
     print(tools.prompt(task), end="", file=out)
-    for t, x in enumerate(episode["turns"], 1):
-        action = tok.decode(x["tokens"])
-        if x.get("summary"):     # the context passed its threshold: a summary, then a fresh context
+    for t, x in enumerate(episode.turns, 1):
+        action = tok.decode(x.tokens)
+        if x.summary:     # the context passed its threshold: a summary, then a fresh context
             print(f"--- turn {t}, a summary (then a fresh context: the issue and the summaries):\n{action}",
                   file=out)
             continue
         print(f"--- turn {t}: {action}", file=out)
-        if x["feedback"]:
-            print(x["feedback"] if x["feedback"].endswith("\n") else x["feedback"] + "\n", end="", file=out)
-    print(f"--- episode over ({episode['end']}); the project's tests on the final copy: "
+        if x.feedback:
+            print(x.feedback if x.feedback.endswith("\n") else x.feedback + "\n", end="", file=out)
+    print(f"--- episode over ({episode.end}); the project's tests on the final copy: "
           f"{'PASS' if verdict.passed else 'FAIL'} ({env.test_report(verdict).splitlines()[0]})", file=out)
 
 
@@ -141,24 +143,24 @@ def run_repo(args, model, tok, gen):
     # the summary turn carries an episode past the context: it summarises when its context passes the
     # threshold of the model's whole context (env.summary_at), as RL trained it to in a smaller window
     tools = env.Tools(max_actions=env.LONG_ACTIONS, memory="summary", window=model.config.seq_len)
-    with env.SandboxPool(workers=1) as pool:
-        ep = engine.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
+    with SandboxPool(workers=1) as pool:
+        ep = env.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
                                  generator=gen)[0]
-    verdict = ep["result"]
+    verdict = ep.result
     show_tools(tok, task, tools, ep, verdict)
-    changed = sorted(p for p in files if ep["repo"][p] != files[p])
+    changed = sorted(p for p in files if ep.repo[p] != files[p])
     for p in changed:
         dest = os.path.join(args.out_dir, "repo", p)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with open(dest, "w", encoding="utf-8", newline="") as f:
-            f.write(ep["repo"][p])
+            f.write(ep.repo[p])
         if args.apply:                     # only when asked: the user's own files, each replaced atomically
             with common.atomic_open(os.path.join(args.repo, p)) as f:
-                f.write(ep["repo"][p])
+                f.write(ep.repo[p])
     with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
         show_tools(tok, task, tools, ep, verdict, out=f)
-    common.print_summary({"repo": args.repo, "passed": verdict.passed, "turns": len(ep["turns"]),
-                          "end": ep["end"], "actions": [a["action"] for a in ep["actions"]],
+    common.print_summary({"repo": args.repo, "passed": verdict.passed, "turns": len(ep.turns),
+                          "end": ep.end, "actions": [a.name for a in ep.actions],
                           "changed": changed, "applied": bool(args.apply and changed),
                           "out_dir": args.out_dir,
                           "ckpt": args.ckpt})
@@ -166,15 +168,15 @@ def run_repo(args, model, tok, gen):
 
 def show(task, episode, out=sys.stdout):
     print(env.render_prompt(task), end="", file=out)
-    for t, (x, r) in enumerate(zip(episode["turns"], episode["results"]), 1):
+    for t, (x, r) in enumerate(zip(episode.turns, episode.results), 1):
         seen = {None: "", True: ", visible examples: pass",
-                False: ", visible examples: fail"}[x.get("visible_passed")]
+                False: ", visible examples: fail"}[x.visible_passed]
         print(f"# --- attempt {t} (hidden tests: {r.outcome}{seen}) ---", file=out)
-        print(x["text"] if x["text"].endswith("\n") else x["text"] + "\n", end="", file=out)
-        if x["feedback"]:
-            print(f"# --- feedback (visible examples) ---\n{x['feedback']}", end="", file=out)
-    r = episode["result"]
-    print(f"# --- verdict after {len(episode['turns'])} attempt(s): {'PASS' if r.passed else 'FAIL'} "
+        print(x.text if x.text.endswith("\n") else x.text + "\n", end="", file=out)
+        if x.feedback:
+            print(f"# --- feedback (visible examples) ---\n{x.feedback}", end="", file=out)
+    r = episode.result
+    print(f"# --- verdict after {len(episode.turns)} attempt(s): {'PASS' if r.passed else 'FAIL'} "
           f"({r.outcome}: {r.feedback}) ---", file=out)
 
 
@@ -226,14 +228,14 @@ def main(argv=None):
     model, tok, _ = common.load_checkpoint(args.ckpt, device)
     # A checkpoint with MTP modules drafts tokens that one forward checks (speculative.generate):
     # exactly the model's samples, several tokens per forward (docs/speculative.md).
-    fast.SPECULATIVE = model.config.n_mtp > 0 and not args.no_speculative
+    sampling.SPECULATIVE = None if args.no_speculative else speculative.generate
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    with env.SandboxPool(workers=1) as pool:
-        ep = engine.run_episodes(model, tok, [task], 1, env.Feedback(args.turns), pool, args.temperature,
+    with SandboxPool(workers=1) as pool:
+        ep = env.run_episodes(model, tok, [task], 1, env.Feedback(args.turns), pool, args.temperature,
                                  args.max_new_tokens, generator=gen)[0]
     show(task, ep)
-    summary = {"task_id": task.task_id, "passed": ep["result"].passed, "turns": len(ep["turns"]),
-               "outcomes": [r.outcome for r in ep["results"]], "ckpt": args.ckpt,
+    summary = {"task_id": task.task_id, "passed": ep.result.passed, "turns": len(ep.turns),
+               "outcomes": [r.outcome for r in ep.results], "ckpt": args.ckpt,
                "speculative": model.config.n_mtp > 0 and not args.no_speculative}
     # --out-dir keeps the episode: the transcript as printed, and the summary with every attempt's body
     os.makedirs(args.out_dir, exist_ok=True)
@@ -241,7 +243,7 @@ def main(argv=None):
         show(task, ep, out=f)
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump({**summary, "prompt": env.render_prompt(task),
-                   "attempts": [x["text"] for x in ep["turns"]]}, f, indent=1)
+                   "attempts": [x.text for x in ep.turns]}, f, indent=1)
     common.print_summary({**summary, "out_dir": args.out_dir})
 
 

@@ -4,8 +4,8 @@ One module shared by train_rl.py and eval.py, so the model is trained in the sam
 evaluated in (Composer 2 report, "harness parity"). Two parts:
   1. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program;
      for multi-step episodes the visible examples, the feedback after a failed one, and the context
-     (render_episode). The tasks themselves live in data/tasks.py; sampling in infra/engine.py.
-  2. Sandbox: `SandboxPool`, warm workers (infra/sandbox_worker.py) that run each candidate in a
+     (render_episode). The tasks themselves live in data/tasks.py; sampling in sampling.py.
+  2. Sandbox: `SandboxPool`, warm workers (sandbox/worker.py) that run each candidate in a
      fresh, locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process,
      the judge of assert tests a separate process; what came back becomes a Result, the reward.
 
@@ -15,29 +15,18 @@ evaluated in (Composer 2 report, "harness parity"). Two parts:
 No torch here: the sandbox workers must stay small and the trainer must not import them.
 """
 import ast
-import collections
-import concurrent.futures
 import dataclasses
 import io
-import json
-import math
-import os
-import queue
 import random
 import re
-import select
-import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
-import threading
 import time
 import tokenize
-import warnings
 
-from infra.cli import die
-from infra.sandbox_worker import BadValue, encode, remove_tree, unpack
+from tqdm import tqdm
+
+import sampling
+from sandbox.pool import Result, Run
 
 # ----------------------------------------------------------------------------- harness
 
@@ -77,6 +66,25 @@ def extract_completion(text: str, max_chars: int = 2000) -> str:
 
 def build_program(task, completion: str) -> str:
     return render_prompt(task) + completion
+
+
+def run_of(task, completion):
+    """The sandbox run of a completion of a function task: its prompt and the body as one program,
+    called on the hidden inputs (or checked by the task's assert test); program None when the
+    completion holds no code (scored no_code, never run)."""
+    if task.inputs is None and task.test is None:
+        raise ValueError(f"task {task.task_id} has neither inputs/outputs nor test")
+    code = any(l.strip() and not l.strip().startswith("#") for l in completion.splitlines())
+    io = task.inputs is not None
+    return Run(task.task_id, build_program(task, completion) if code else None, task.entry_point,
+               task.inputs, task.outputs if io else None, None if io else task.test, render_prompt(task))
+
+
+def runs(tasks, completions):
+    """run_of for each (task, completion): what SandboxPool.run_batch / submit_batch take."""
+    if len(tasks) != len(completions):
+        raise ValueError("tasks and completions differ in length")
+    return [run_of(t, c) for t, c in zip(tasks, completions)]
 
 def corpus_text(task) -> str:
     """A solved task for the pretraining corpus (the caller appends end-of-text)."""
@@ -146,12 +154,12 @@ def signature(task) -> str:
 
 def render_episode(task, turns) -> str:
     """The whole context of an episode as text, at any turn: the prompt, then for each turn the text
-    the model wrote and the feedback that followed it ("" for the last). The sampler (infra/engine.py)
+    the model wrote and the feedback that followed it ("" for the last). The sampler (sampling.py)
     feeds the same text as tokens; the pretraining repair transcripts are rendered by this too."""
     return render_prompt(task) + "".join(text + feedback for text, feedback in turns)
 
 class Feedback:
-    """The tool set of --turns T episodes (engine.run_episodes runs it), and of single-turn sampling (T =
+    """The tool set of --turns T episodes (env.run_episodes runs it), and of single-turn sampling (T =
     1): after an attempt the harness runs the docstring's examples, and if one fails the next turn
     reads render_feedback's text. The hidden tests judge every attempt in the background (the
     self-repair curve; finish collects the verdicts), so the loop generates on meanwhile; the reward is
@@ -166,8 +174,8 @@ class Feedback:
     def prompt(self, task):
         return render_prompt(task)
 
-    def start(self, task):
-        return {"pending": []}
+    def start(self, task, e):
+        e.state["pending"] = []     # (the hidden tests' batch, this episode's row in it) per attempt
 
     def feed_ids(self, tok, text):
         return tok.encode(text)
@@ -176,28 +184,29 @@ class Feedback:
         return keep_context(e, feed, used, seq_len - max_new_tokens)
 
     def step(self, tok, pool, items, more):
-        codes = [x["completion"] for _, _, x in items]
-        hidden = pool.submit_batch([t for t, _, _ in items], codes, self.fractional)   # every attempt judged
+        codes = [x.completion for _, _, x in items]
+        # every attempt judged by the hidden tests, in the background
+        hidden = pool.submit_batch(runs([t for t, _, _ in items], codes), self.fractional)
         visible = {id(t): visible_task(t) for t, _, _ in items} if more else {}   # a task's G rows share it
         check = [(k, v) for k, (t, _, _) in enumerate(items) if (v := visible.get(id(t))) is not None]
-        runs = pool.run_batch([v for _, v in check], [codes[k] for k, _ in check]) if check else []
-        seen = dict(zip([k for k, _ in check], runs))
+        done = pool.run_batch(runs([v for _, v in check], [codes[k] for k, _ in check])) if check else []
+        seen = dict(zip([k for k, _ in check], done))
         out = []
         for k, (task, e, x) in enumerate(items):
-            e["pending"].append((hidden, k))
+            e.state["pending"].append((hidden, k))
             v = seen.get(k)
-            x["visible_passed"] = None if v is None else v.passed       # None: not run (last turn)
+            x.visible_passed = None if v is None else v.passed          # None: not run (last turn)
             if v is not None and v.outcome == "sandbox_error":         # the harness failed, not the model:
-                e["lost"] = v                                           # the episode is not scored
+                e.state["lost"] = v                                     # the episode is not scored
             out.append(None if v is None or v.passed or v.outcome == "sandbox_error"
-                       else render_feedback(task, v, x["text"]))
+                       else render_feedback(task, v, x.text))
         return out
 
     def finish(self, pool, items):
         t0 = time.time()
         for _, e in items:
-            e["results"] = [batch.result()[k] for batch, k in e.pop("pending")]
-            e["result"] = e.pop("lost", e["results"][-1])
+            e.results = [batch.result()[k] for batch, k in e.state.pop("pending")]
+            e.result = e.state.pop("lost", e.results[-1])
         self.wait_s += time.time() - t0
 
 
@@ -296,10 +305,10 @@ def parse_action(tok, tokens):
     return names[tokens[0]], tok.decode(body)
 
 
-# A run of repository code in the sandbox: the program builds the repository's modules in memory (the
-# child is chrooted into an empty directory and cannot import from disk), from the files as string
-# literals, so no file's text can break out of them; `entry` is then called on each input.
-RepoRun = collections.namedtuple("RepoRun", "task_id program entry_point inputs outputs")
+# A run of repository code in the sandbox (a sandbox.pool.Run): the program builds the repository's
+# modules in memory (the child is chrooted into an empty directory and cannot import from disk), from
+# the files as string literals, so no file's text can break out of them; its entry point is then
+# called on each input.
 
 _LOADER = """
 import sys as _sys
@@ -329,7 +338,7 @@ def repo_program(files, tail):
 
 
 def visible_run(task, repo):
-    """The visible tests of the agent's copy as a RepoRun (each test_* function of its test file, one
+    """The visible tests of the agent's copy as a Run (each test_* function of its test file, one
     call each), or a one-line error (ValueError) when the file holds none."""
     try:
         names = [n.name for n in ast.parse(repo[task.test_file]).body
@@ -341,7 +350,7 @@ def visible_run(task, repo):
     module = task.test_file.removesuffix(".py")
     call = f"import {module} as _tests\ndef run_test(name):\n    getattr(_tests, name)()"
     program = repo_program(repo, call)
-    return RepoRun(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names))
+    return Run(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names))
 
 
 def hidden_run(task, repo):
@@ -352,7 +361,7 @@ def hidden_run(task, repo):
         return visible_run(task, {**repo, task.test_file: task.files[task.test_file]})
     files = {p: t for p, t in repo.items() if p != task.test_file}
     program = repo_program(files, f"from {task.module} import {task.entry_point} as _judged")
-    return RepoRun(task.task_id, program, "_judged", task.inputs, task.outputs)
+    return Run(task.task_id, program, "_judged", task.inputs, task.outputs)
 
 
 def action_ids(tok, name, payload):
@@ -402,15 +411,15 @@ def fact_retention(task, e):
     """(needed facts read before a summary, those of them it keeps): for each summary of episode e,
     every fact of task.facts whose file the episode read before it, and whether one line of its text
     states both the fact's label (N1) and its value, as a whole number (what a later edit must write)."""
-    read, actions, n, kept = set(), iter(e["actions"]), 0, 0
-    for t in e["turns"]:
-        if t.get("summary"):
+    read, actions, n, kept = set(), iter(e.actions), 0, 0
+    for t in e.turns:
+        if t.summary:
             seen = [f for f in task.facts if f["file"] in read]
-            n, kept = n + len(seen), kept + sum(_states(t["text"], f) for f in seen)
+            n, kept = n + len(seen), kept + sum(_states(t.text, f) for f in seen)
             continue
         a = next(actions)
-        if a["action"] == "read" and not a["error"]:
-            read.add(a["path"])
+        if a.name == "read" and not a.error:
+            read.add(a.path)
     return n, kept
 
 
@@ -447,12 +456,12 @@ def keep_context(e, feed, used, room):
     next turn's generation budget) is left, else the episode ends ("context")."""
     if used + len(feed) <= room:
         return feed, False, None
-    e["end"] = "context"
+    e.end = "context"
     return None
 
 
 class Tools:
-    """The repository agent's tool set (engine.run_episodes runs it): ls, read, edit, test, submit on
+    """The repository agent's tool set (env.run_episodes runs it): ls, read, edit, test, submit on
     the episode's own copy of the task's files. actions: the ones allowed (the no-tools and oracle
     baselines allow edit and submit only); inline: files written into the prompt (the oracle: all);
     max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors).
@@ -475,43 +484,43 @@ class Tools:
     def prompt(self, task):
         return render_issue(task, sorted(task.files) if self.inline else ())
 
-    def start(self, task):
-        return {"repo": dict(task.files), "actions": [], "errors": 0, "end": "step_limit", "summaries": [],
-                "stream": []}
+    def start(self, task, e):
+        e.repo, e.end = dict(task.files), "step_limit"
+        e.state["stream"] = []      # the sliding window's pieces: every id after the prompt, turn by turn
 
     def feed_ids(self, tok, text):
         return [tok.tool_ids["<|obs|>"]] + tok.encode(text) + [tok.tool_ids["<|/obs|>"]]
 
     def fit(self, tok, task, e, x, feed, used, prompt, seq_len, max_new_tokens):
         """What the episode's next turn feeds after turn x: (ids, fresh: they start a new context, no
-        past; the most tokens that turn may keep, None: max_new_tokens), or None when it ends (e["end"]
-        says why). feed: the observation's ids (engine.next_feed); used: the ids in the row's context
+        past; the most tokens that turn may keep, None: max_new_tokens), or None when it ends (e.end
+        says why). feed: the observation's ids (env.next_feed); used: the ids in the row's context
         now; prompt: the task's prompt ids."""
         if not self.memory:
             return keep_context(e, feed, used, seq_len - max_new_tokens)
         if self.memory == "window":
-            e["stream"].append(x["tokens"][:-1] + feed)              # every id after the prompt, in order
-        if x.get("summary"):          # a fresh context: the issue and every summary, as the model wrote them
-            return prompt + [i for s in e["summaries"] for i in [tok.tool_ids["<|summary|>"]] + s], True, None
+            e.state["stream"].append(x.tokens[:-1] + feed)           # every id after the prompt, in order
+        if x.summary:                 # a fresh context: the issue and every summary, as the model wrote them
+            return prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s], True, None
         window = min(self.window, seq_len)
         at = summary_at(task, window)
         if used + len(feed) <= at:
             return feed, False, None
         if self.memory == "window":   # the latest turns that fit under the threshold, after the prompt
             kept, n = [], len(prompt)
-            for piece in reversed(e["stream"]):
+            for piece in reversed(e.state["stream"]):
                 if n + len(piece) > at:
                     break
                 kept, n = piece + kept, n + len(piece)
             return prompt + kept, True, None
-        if len(e["summaries"]) >= self.max_summaries:
-            e["end"] = "summary_cap"
+        if len(e.summaries) >= self.max_summaries:
+            e.end = "summary_cap"
             return None
         # the request after the observation; where that would leave the summary fewer than SUMMARY_MIN
         # tokens of the window, after the action alone (the observation is dropped)
         if used + len(feed) + 1 + SUMMARY_MIN > window:
-            feed, e["blind"] = feed[:0 if x["stopped"] else 1], e.get("blind", 0) + 1
-        e["summarizing"] = True
+            feed, e.blind = feed[:0 if x.stopped else 1], e.blind + 1
+        e.state["summarizing"] = True
         limit = max(1, min(SUMMARY_TOKENS, window - used - len(feed) - 1))
         return feed + [tok.tool_ids["<|summary|>"]], False, limit
 
@@ -520,63 +529,267 @@ class Tools:
         episode's repository; the turn's test runs go to the sandbox in one batch. A malformed action
         (parse_action) is a format error; a tool's own error (a missing file, an edit that does not
         parse) is an observation like any other. Returns each row's observation (None: it is over)."""
-        obs, runs = [], []
+        obs, todo = [], []
         for i, (task, e, x) in enumerate(items):
-            if e.pop("summarizing", False):      # the summary turn: not an action, the episode goes on
-                x["summary"] = True
-                e["summaries"].append(x["tokens"])
+            if e.state.pop("summarizing", False):   # the summary turn: not an action, the episode goes on
+                x.summary = True
+                e.summaries.append(x.tokens)
                 obs.append("" if more else None)
                 continue
-            act = {"action": None, "path": None, "error": None}
+            act = Action()
             try:
-                act["action"], payload = parse_action(tok, x["tokens"])
+                act.name, payload = parse_action(tok, x.tokens)
             except ValueError as err:
-                e["errors"] += 1
-                act["error"], text = "format", str(err)
+                e.errors += 1
+                act.error, text = "format", str(err)
             else:
                 try:
-                    if act["action"] not in self.actions:
-                        raise ValueError(f"error: <|{act['action']}|> is not available here")
-                    text, run = self.apply(task, e, act["action"], payload, act)
-                    runs += [(i, run)] if run else []
+                    if act.name not in self.actions:
+                        raise ValueError(f"error: <|{act.name}|> is not available here")
+                    text, run = self.apply(task, e, act.name, payload, act)
+                    todo += [(i, run)] if run else []
                 except ValueError as err:
-                    act["error"], text = "tool", str(err)
-            e["actions"].append(act)
-            if act["action"] == "submit" and not act["error"]:
-                e["end"], text = "submit", None
-            elif e["errors"] >= self.max_errors:
-                e["end"], text = "format_errors", None
-            elif not more or len(e["actions"]) >= self.max_actions:
-                text = None                                  # the step limit: e["end"] stays "step_limit"
+                    act.error, text = "tool", str(err)
+            e.actions.append(act)
+            if act.name == "submit" and not act.error:
+                e.end, text = "submit", None
+            elif e.errors >= self.max_errors:
+                e.end, text = "format_errors", None
+            elif not more or len(e.actions) >= self.max_actions:
+                text = None                                  # the step limit: e.end stays "step_limit"
             obs.append(text)
-        runs = [(i, run) for i, run in runs if obs[i] is not None]
-        for (i, _), r in zip(runs, pool.run_batch([run for _, run in runs], [""] * len(runs))):
+        todo = [(i, run) for i, run in todo if obs[i] is not None]
+        for (i, _), r in zip(todo, pool.run_batch([run for _, run in todo])):
             obs[i] = test_report(r)
         return obs
 
     def apply(self, task, e, name, payload, act):
-        """One action on e["repo"]: (its observation, the sandbox run that makes it, or None); a test
+        """One action on e.repo: (its observation, the sandbox run that makes it, or None); a test
         run's observation is its test_report, filled in after the turn's batch."""
-        repo = e["repo"]
+        repo = e.repo
         if name == "ls":
             return "\n".join(sorted(repo)), None
         if name == "read":
-            act["path"] = check_path(repo, payload)
-            return cap(repo[act["path"]]), None
+            act.path = check_path(repo, payload)
+            return cap(repo[act.path]), None
         if name == "edit":
             path, _, definition = payload.partition("\n")
-            act["path"] = check_path(repo, path)
-            repo[act["path"]], act["function"] = replace_function(repo[act["path"]], definition, act["path"])
-            return f"replaced {act['function']} in {act['path']}", None
+            act.path = check_path(repo, path)
+            repo[act.path], act.function = replace_function(repo[act.path], definition, act.path)
+            return f"replaced {act.function} in {act.path}", None
         if name == "test":
             return "", visible_run(task, repo)
         return "", None                               # submit: the episode is over
 
     def finish(self, pool, items):
-        """The judge's verdict on each episode's final repository: its "result"."""
-        results = pool.run_batch([hidden_run(t, e["repo"]) for t, e in items], [""] * len(items))
+        """The judge's verdict on each episode's final repository: its result."""
+        results = pool.run_batch([hidden_run(t, e.repo) for t, e in items])
         for (_, e), r in zip(items, results):
-            e["result"] = r
+            e.result = r
+
+
+# ----------------------------------------------------------------------------- the episode loop
+
+# What an episode is made of: one record each, filled in by run_episodes and the tool set, read by RL
+# (rl/rollouts.py, rl/algo.py), eval.py and agent.py. Nothing else sets a field.
+
+@dataclasses.dataclass
+class Turn:
+    """One generation of an episode (as_sample): prompt_ids, the ids fed before it (the prompt, or the
+    last turn's final token and the observation, or a fresh context); tokens, the ids sampled, the
+    stop token included; logprobs, theirs under the sampling distribution; text, decoded without
+    special tokens; completion, the text cut by extract_completion (what runs); stopped: it ended on
+    end-of-text; prompt_truncated: the prompt lost its head (encode_prompts); routes: the experts of
+    every id fed and sampled but the last (router replay); past: its keys/values (the loop's, while
+    the episode runs). Then what followed: feedback, the observation fed after it ("" for the last);
+    segment, which context it belongs to (a summary starts the next); summary: it is a summary turn;
+    visible_passed: its attempt passed the visible examples (Feedback; None: not run)."""
+    prompt_ids: list
+    tokens: list
+    logprobs: list
+    text: str = ""
+    completion: str = ""
+    stopped: bool = False
+    prompt_truncated: bool = False
+    routes: object = None
+    past: object = None
+    feedback: str = ""
+    segment: int = 0
+    summary: bool = False
+    visible_passed: bool | None = None
+
+
+@dataclasses.dataclass
+class Action:
+    """One action of a tool episode (Tools.step): its name (None: malformed), the file it named, the
+    function an edit replaced, and its error: "format" (malformed: a format error) or "tool" (the tool
+    refused it: a missing file, an edit that does not parse); None: it worked."""
+    name: str | None = None
+    path: str | None = None
+    function: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class Episode:
+    """One episode of tasks[task_idx]: its turns and the judge's verdict (result: the hidden tests of
+    the last attempt, or of the final repository). Feedback keeps results, every attempt's verdict;
+    Tools keeps repo (the episode's own copy of the files), actions, errors (malformed actions), end
+    (why it ended: submit, step_limit, format_errors, context, summary_cap), summaries (the sampled ids
+    of each summary) and blind (summaries requested without their observation); state is the tool
+    set's scratch between turns. RL (rl/rollouts.py) labels group (the group it is ranked in) and
+    masked (left out of its group: --over-cap mask); --repair-groups marks repair and repeat (it
+    resubmits its root's code)."""
+    task_idx: int
+    turns: list = dataclasses.field(default_factory=list)
+    result: Result | None = None
+    results: list = dataclasses.field(default_factory=list)
+    repo: dict | None = None
+    actions: list = dataclasses.field(default_factory=list)
+    errors: int = 0
+    end: str = ""
+    summaries: list = dataclasses.field(default_factory=list)
+    blind: int = 0
+    state: dict = dataclasses.field(default_factory=dict)
+    group: int = -1
+    masked: bool = False
+    repair: bool = False
+    repeat: bool = False
+
+
+def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p=1.0, top_k=0,
+                 batch_size=64, generator=None, return_routes=False, progress=False, prompts=None):
+    """THE episode loop: RL, eval and agent.py run every rollout through it, one turn or many. n
+    episodes per task, rows task by task (the n episodes of task i are contiguous, the group RL
+    needs), batch_size rows at a time through all their turns. `tools` is the episode's tool set:
+    Feedback(1), a single completion (the function tasks' single-turn sampling); Feedback(T), the
+    docstring's examples after each attempt (--turns T); Tools, a repository worked through actions
+    (the agent). The tool set writes the prompt, answers each turn (step: an observation, or None
+    when the episode is over), says what the next turn feeds (fit: the observation, or a fresh
+    context after a summary) and judges the ends (finish, once all is sampled: the sandbox runs in
+    the background while the next batch generates).
+    prompts: token ids per task to continue instead of the tool set's prompt (a repair's context).
+
+    Each further turn continues the row's KV cache (sampling's past): the turn's last token (unless it
+    was end-of-text) and the observation are fed on top of it, nothing is re-read, nothing is
+    re-tokenised. An episode also ends when another turn would not fit the context. Returns an
+    Episode per row. The tokens a trainer scores are exactly those sampled: rl.algo.flatten joins
+    each turn's prompt_ids and tokens back into this stream."""
+    if prompts is None:
+        prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
+    elif len(prompts) != len(tasks):
+        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
+    else:
+        truncated = [False] * len(prompts)
+    stop = [tok.eot_id] + [tok.tool_ids[t] for t in tools.stop_tokens]
+    rows = [i for i in range(len(tasks)) for _ in range(n)]
+    episodes, was_training = [], model.training
+    model.eval()
+    try:
+        for s in tqdm(range(0, len(rows), batch_size), desc="episodes", disable=not progress, leave=False):
+            chunk = rows[s:s + batch_size]
+            eps = [Episode(i) for i in chunk]
+            for e in eps:
+                tools.start(tasks[e.task_idx], e)
+            feeds, pasts, limits = {j: prompts[i] for j, i in enumerate(chunk)}, {}, {}   # row j's next turn
+            segment = dict.fromkeys(feeds, 0)
+            for turn in range(tools.max_turns):
+                live, more = sorted(feeds), turn < tools.max_turns - 1
+                if not live:
+                    break
+                gens = sampling.generate(model, [feeds[j] for j in live], max_new_tokens,   # autocast inside
+                                         temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=stop,
+                                         generator=generator, return_routes=return_routes, return_past=more,
+                                         past=[pasts[j] for j in live] if turn else None)
+                samples = [as_sample(tok, cut(g, limits.get(j), len(feeds[j])), feeds[j],
+                                     turn == 0 and truncated[chunk[j]]) for j, g in zip(live, gens)]
+                old = {j: x.past for j, x in zip(live, samples)}
+                feeds, pasts, limits = {}, {}, {}
+                items = [(tasks[chunk[j]], eps[j], x) for j, x in zip(live, samples)]
+                said = tools.step(tok, pool, items, more)     # the observations: what the tools answered
+                for j, x, text in zip(live, samples, said):
+                    eps[j].turns.append(x)
+                    x.past, x.segment = None, segment[j]
+                    if text is None:
+                        continue
+                    i = chunk[j]          # the tool set says what the next turn feeds (a fresh context?)
+                    nxt = tools.fit(tok, tasks[i], eps[j], x, next_feed(tok, tools, x, text), old[j].size(3),
+                                    prompts[i], model.config.seq_len, max_new_tokens)
+                    if nxt is not None:
+                        feeds[j], fresh, limits[j] = nxt
+                        x.feedback, pasts[j] = text, old[j][:, :, :, :0] if fresh else old[j]
+                        segment[j] += fresh
+            episodes += eps
+    finally:
+        model.train(was_training)
+    tools.finish(pool, [(tasks[e.task_idx], e) for e in episodes])   # the verdicts, once all is sampled
+    return episodes
+
+
+def cut(g, limit, n_fed):
+    """A generate() output kept to its first `limit` tokens (a summary's cap, Tools.fit): the same
+    as if generation had stopped there (the tokens after it are never seen); its routes are those of
+    the n_fed ids fed and the kept tokens but the last. None, or a shorter output: unchanged."""
+    if limit is None or len(g["tokens"]) <= limit:
+        return g
+    out = {**g, "tokens": g["tokens"][:limit], "logprobs": g["logprobs"][:limit]}
+    if "routes" in g:
+        out["routes"] = g["routes"][:, :n_fed + limit - 1].clone()
+    if "past" in g:                  # nothing continues a summary's cache (a fresh context follows)
+        out["past"] = g["past"][:, :, :, :0]
+    return out
+
+
+def next_feed(tok, tools, turn, text):
+    """The ids the next turn feeds on top of `turn`'s cache, which holds its prompt_ids + tokens[:-1]:
+    its last token, unless that was end-of-text (a turn cut by max_new_tokens, or one that ended on
+    <|end|>, feeds it now), then the observation as the tool set writes it."""
+    return ([] if turn.stopped else turn.tokens[-1:]) + tools.feed_ids(tok, text)
+
+
+def encode_prompts(model, tok, tasks, max_new_tokens, render=render_prompt):
+    """Each task's prompt as token ids, and whether it was cut. A prompt longer than the context minus
+    the generation budget keeps its END (the signature and docstring to continue sit at the end;
+    HumanEval's imports and helpers come first), but never less than half the context: past seq_len,
+    RoPE positions the model never trained on cost less than a prompt cut to nothing. Rare with the
+    env tasks; flagged per sample."""
+    max_prompt = max(model.config.seq_len - max_new_tokens, model.config.seq_len // 2)
+    full = [tok.encode(render(t)) for t in tasks]
+    return [p[-max_prompt:] for p in full], [len(p) > max_prompt for p in full]
+
+
+def as_sample(tok, g, prompt_ids, prompt_truncated=False):
+    """One generate() output -> a Turn: the ids fed before it, the ids sampled (the stop token
+    included), their log-probs, the text decoded and cut, and routes / past when generate returned
+    them."""
+    tokens = list(g["tokens"])
+    # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no text: they
+    # are dropped from the decoded text, not an error
+    text = tok.decode([t for t in tokens if t < tok.eot_id])
+    return Turn(prompt_ids, tokens, list(g["logprobs"]), text, extract_completion(text),
+                stopped=bool(tokens) and tokens[-1] == tok.eot_id, prompt_truncated=prompt_truncated,
+                routes=g.get("routes"), past=g.get("past"))
+
+
+def repair_prompt(tok, task, attempt, seen):
+    """Every id the second turn after a failed first `attempt` (a Turn) reads: what run_episodes'
+    cache holds then, as one prompt (train_rl.py --repair-groups samples G repairs from it)."""
+    text = render_feedback(task, seen, attempt.text)
+    return attempt.prompt_ids + attempt.tokens[:-1] + next_feed(tok, Feedback(2), attempt, text)
+
+
+def resubmits(attempt, previous):
+    """Does `attempt` resubmit the `previous` attempt's code unchanged (up to trailing whitespace): a
+    try that ignored the feedback? eval.py's repeat rate and --repair-groups' "repeat" both count it."""
+    return attempt.completion.rstrip() == previous.completion.rstrip()
+
+
+def context_ids(episode):
+    """Every token of an episode in order, as the model saw and wrote them (its last token included)."""
+    ids = []
+    for t in episode.turns:
+        ids += t.prompt_ids + t.tokens[:-1]
+    return ids + episode.turns[-1].tokens[-1:]
 
 
 HACK_PATTERNS = {  # suspicious constructs, counted in RL logs (the sandbox scores them 0 anyway)
@@ -597,385 +810,3 @@ _HACK_RE = {k: re.compile(v) for k, v in HACK_PATTERNS.items()}
 def hack_counts(completion: str) -> dict[str, int]:
     return {k: len(p.findall(completion)) for k, p in _HACK_RE.items()}
 
-# ----------------------------------------------------------------------------- sandbox
-
-OUTCOMES = ("pass", "wrong_answer", "runtime_error", "timeout", "memory", "output_limit",
-            "syntax_error", "no_code", "sandbox_error")
-
-@dataclasses.dataclass
-class Result:
-    """reward: 1.0 for a pass (fractional: passed/total); outcome: one of OUTCOMES; feedback: short,
-    printable, safe to show the model. outcome == "sandbox_error" means the HARNESS failed, not the
-    model (reward 0.0, passed False): callers must not count it as the model's failure: RL drops
-    those samples (or their whole group) from the advantage computation, eval leaves them out of
-    pass@k denominators and reports how many there were."""
-    reward: float
-    passed: bool
-    outcome: str
-    feedback: str
-    n_passed: int
-    n_tests: int
-
-# The worker is a separate `python -I -S` process (no site-packages, no torch, no user env) that
-# runs infra/sandbox_worker.py. Why a warm zygote rather than one fresh interpreter per candidate: the
-# interpreter start (~20 ms) would cap us far below the throughput goal, while fork() of a small,
-# preloaded zygote costs ~1 ms; every candidate still gets its own process, torn down afterwards,
-# and the zygote never holds a program, a reply or a result (sandbox_worker.py says why).
-# Why a separate stdlib-only file and not functions of this module: the forked child must not hold
-# the task generator (it could regenerate reference answers), nor anything of the trainer.
-_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "infra", "sandbox_worker.py")
-
-# The children cannot import from disk (chroot), so they get what the zygote imported: the stdlib
-# an honest solution plausibly uses. Importing threading/queue works; starting a thread does not.
-_PRELOAD = ("math cmath re string collections collections.abc itertools functools operator heapq bisect "
-            "typing copy random fractions decimal statistics datetime hashlib array struct unicodedata "
-            "textwrap enum dataclasses numbers abc base64 binascii zlib calendar queue graphlib secrets "
-            "threading json io time types contextlib weakref pprint shlex difflib shutil").split()
-_CHILD_KINDS = ("wrong_answer", "runtime_error", "timeout", "memory", "output_limit", "syntax_error")
-_warned = False
-
-def _printable(s, n=300):
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(s)[:n])[:n]
-
-def _same(e, g):
-    """Compare an expected value with a returned one (exact builtin data from the codec): bool is
-    not a number, ints compare exactly (3.0 is 3, 479001690.0 is not 479001600), tolerance only
-    where the expected value is a float; a tuple answers a list (JSON has no tuples)."""
-    te, tg = type(e), type(g)
-    if te is bool or tg is bool:
-        return te is tg and e == g
-    if te is int:
-        return tg in (int, float) and g == e
-    if te is float:
-        return tg in (int, float) and (e == g or math.isclose(e, g, rel_tol=1e-6, abs_tol=1e-9))
-    if te in (list, tuple):
-        return tg in (list, tuple) and len(e) == len(g) and all(map(_same, e, g))
-    if te is dict:
-        return tg is dict and e.keys() == g.keys() and all(_same(e[k], g[k]) for k in e)
-    if te in (set, frozenset):
-        return tg in (set, frozenset) and e == g
-    return te is tg and e == g
-
-def _death(code):
-    if code == -signal.SIGXCPU:
-        return "timeout", "CPU time limit exceeded"
-    if code == -signal.SIGXFSZ:
-        return "output_limit", "file size limit exceeded"
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else "a signal"
-        return "runtime_error", f"process killed by {name}"
-    return "runtime_error", f"process exited (code {code}) before the tests finished"
-
-def _messages(text):
-    """Lines of JSON lists that start with a str; anything else (the program may write over its
-    own result channel) is skipped, never an error."""
-    out = []
-    for line in (text or "").split("\n"):
-        try:
-            m = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if type(m) is list and m and type(m[0]) is str:
-            out.append(m)
-    return out
-
-def default_workers():
-    """Sandbox workers for this process: the cores it may use, shared among the processes torchrun
-    started on this machine (LOCAL_WORLD_SIZE), so 8 ranks do not start 8 times the cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-
-def _kill_uids(uids):
-    """SIGKILL every process whose real uid is one of `uids` (a dead worker's candidates and judges:
-    their uids are unique to that worker). Where there is no PID namespace to do it, this does."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
-            if uid in uids:
-                os.kill(int(pid), signal.SIGKILL)
-        except (OSError, StopIteration, ValueError):
-            pass
-
-class SandboxPool:
-    """Warm workers (one per core, the cores shared among local ranks) that run candidates in fresh,
-    limited child processes.
-
-    Per candidate, in a child forked from a pristine zygote (never from a process that held another
-    candidate's program, reply or result): new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE;
-    RLIMIT_NPROC=1 under a per-worker unprivileged uid (no fork, no threads, so nothing can outlive
-    the child); chroot into a fresh tmpfs of its own, unmounted as a whole afterwards; stdin
-    /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; per worker a network
-    namespace (no network), a PID namespace (nothing outlives a killed worker) and an IPC namespace
-    in which no IPC object can be created; and a seccomp filter that refuses socket() and IPC calls
-    (the wall that stays where a container forbids namespaces; as root with neither, the pool refuses
-    to start). The worker enforces the wall-clock timeout, SIGKILLs the process group and reaps it.
-    Without root, only the rlimits, the filter and the process-group kill apply (a warning says so
-    once): run untrusted code as root in a VM/container.
-
-    The judge is never in the candidate's process. I/O tasks (the default for training): the child
-    only sends back return values as exact builtin data; the expected outputs stay in this process,
-    which compares them. Assert tasks (HumanEval): check() runs in a separate judge process (own uid,
-    own empty chroot) and calls the candidate over pipes that carry exact builtin data only; the
-    candidate never sees the test, its constants or the verdict. Anything a candidate can cause is
-    its own outcome; only a failure of the sandbox itself is `sandbox_error`.
-    """
-    _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
-    _namespaces = True  # tests only: False acts as a container that forbids namespaces (root, no unshare)
-    _seccomp = True     # tests only: False acts as a kernel without seccomp
-
-    def __init__(self, workers: int | None = None, timeout_s: float = 2.0, memory_mb: int = 512,
-                 output_kb: int = 64, file_mb: int = 4, result_kb: int = 1024):
-        self.workers, self.timeout_s = workers or default_workers(), timeout_s
-        self.output_kb, self.result_kb, self.memory_mb = output_kb, result_kb, memory_mb
-        self._cfg = json.dumps({"timeout": timeout_s, "memory_mb": memory_mb, "file_mb": file_mb,
-                                "output_bytes": output_kb << 10, "result_bytes": result_kb << 10,
-                                "tmpfs_mb": max(64, 4 * file_mb), "uid_base": 1_000_000,
-                                "preload": _PRELOAD, "tmpdir": tempfile.gettempdir(),
-                                "fallback": self._fallback, "namespaces": self._namespaces,
-                                "seccomp": self._seccomp})
-        self._q, self._lock, self._closed = queue.Queue(), threading.Lock(), False
-        self._procs = [self._spawn() for _ in range(self.workers)]
-        self._threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
-                         for i in range(self.workers)]
-        for t in self._threads:
-            t.start()
-
-    def _spawn(self):
-        # Same user as this process (root in CI): the worker sets up namespaces, then re-executes
-        # itself as the zygote; the children only fork (never exec), so after chroot and the uid
-        # drop they need neither this file nor the interpreter binary.
-        p = subprocess.Popen([sys.executable, "-I", "-S", _WORKER_PATH, self._cfg], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                             start_new_session=True)
-        p.info = i = self._recv(p, 30)["hello"]
-        global _warned
-        self.isolation = i
-        if i["uid"] is not None and not (i["netns"] and i["ipcns"]) and not i["seccomp"]:
-            p.kill()   # a clear one-line error and exit code 2 (infra/cli.py: no torch, env stays light)
-            die("sandbox: refusing to run candidates as root with neither namespaces nor seccomp (they would "
-                "reach the network and IPC): allow unshare (e.g. docker --cap-add SYS_ADMIN), or run on "
-                "Linux x86_64/aarch64 with seccomp, or use a VM")
-        # What a container that forbids namespaces (root, no unshare) keeps by other means: the seccomp
-        # filter closes network and IPC, _kill_uids does the PID namespace's work, chroot hides the
-        # host's files (a private /tmp matters only without it).
-        kept = {"netns": i["seccomp"], "ipcns": i["seccomp"], "pidns": i["uid"] is not None,
-                "private_tmp": i["chroot"]}
-        missing = [k for k in ("uid", "chroot", "nproc", "netns", "pidns", "ipcns", "private_tmp",
-                               "tmpfs_per_run")
-                   if not i[k] and not kept.get(k)]
-        if missing and not _warned:
-            _warned = True
-            if i["uid"] is None:
-                msg = (f"degraded isolation, unavailable: {missing}; candidates may see files"
-                       f"{'' if i['seccomp'] else '/network/IPC'} of this user; run as root on Linux")
-            else:
-                msg = ("namespaces forbidden here: network and IPC closed by seccomp, stray processes killed "
-                       "by uid, files hidden by chroot, but a run's files are not size-capped in total "
-                       "(no per-run tmpfs); allow unshare (e.g. docker --cap-add SYS_ADMIN) for the full set")
-            warnings.warn("sandbox: " + msg, RuntimeWarning)
-        return p
-
-    @staticmethod
-    def _recv(p, timeout):
-        if not select.select([p.stdout], [], [], timeout)[0]:
-            raise TimeoutError("sandbox worker did not answer")
-        line = p.stdout.readline()
-        if not line:
-            raise EOFError("sandbox worker died")
-        return json.loads(line)
-
-    @property
-    def sandbox_uids(self) -> list[int]:
-        """The candidates' uids and the judges' (uid + 1)."""
-        return [u + d for p in self._procs if (u := p.info.get("uid")) is not None for d in (0, 1)]
-
-    def _serve(self, i):
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            job, done = item
-            for attempt in range(2):       # a dead/stuck worker is replaced and the job retried once
-                try:
-                    p = self._procs[i]
-                    p.stdin.write((json.dumps(job) + "\n").encode())
-                    p.stdin.flush()
-                    rep = self._recv(p, self.timeout_s + 30)
-                    break
-                except Exception as e:
-                    rep = {"error": f"sandbox worker failed: {e!r}"}
-                    self._restart(i)
-            done(rep)
-
-    def _restart(self, i):                 # never raises: the serving thread must survive
-        old = self._procs[i]
-        for f in (old.kill, old.wait, old.stdin.close, old.stdout.close):
-            try:
-                f()
-            except Exception:                  # e.g. BrokenPipeError flushing into a dead worker
-                pass
-        if old.info["uid"] is not None and not old.info["pidns"]:
-            _kill_uids((old.info["uid"], old.info["uid"] + 1))   # no PID namespace: by uid instead
-        remove_tree(old.info["base"], time.monotonic() + 5)      # a killed worker left its (empty) dir
-        for _ in range(3):
-            try:
-                if not self._closed:
-                    self._procs[i] = self._spawn()
-                return
-            except Exception:
-                time.sleep(0.5)
-
-    def _job(self, task, completion):
-        if isinstance(task, RepoRun):          # a repository's code (tools): the program is built already
-            return {"program": task.program, "entry": task.entry_point,
-                    "inputs": [encode((tuple(a), {})) for a in task.inputs], "test": None, "prompt": ""}
-        if not any(l.strip() and not l.strip().startswith("#") for l in completion.splitlines()):
-            return None
-        if task.inputs is None and task.test is None:
-            raise ValueError(f"task {task.task_id} has neither inputs/outputs nor test")
-        io_task = task.inputs is not None
-        return {"program": build_program(task, completion), "entry": task.entry_point,
-                "inputs": [encode((tuple(a), {})) for a in task.inputs] if io_task else None,
-                "test": None if io_task else task.test, "prompt": render_prompt(task)}
-
-    def _score(self, task, rep, fractional):
-        n = len(task.inputs) if task.inputs is not None else 1
-        def res(outcome, passed, feedback):
-            reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error"
-                                                    else 0.0)
-            return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n)
-        if "error" in rep:
-            return res("sandbox_error", 0, rep["error"])
-        for text in rep["setup"]:              # written by our code before any program ran
-            if text != "ok\n":
-                m = _messages(text)
-                why = "sandbox setup did not finish"
-                if m and m[0][0] == "setup_error" and len(m[0]) == 2:
-                    why = str(m[0][1])
-                return res("sandbox_error", 0, why)
-        kind = lambda k: k if k in _CHILD_KINDS else "runtime_error"   # never pass/sandbox_error
-        limit = (f"output limit exceeded (more than {self.output_kb} KB printed)" if rep["over"] == "output"
-                 else f"result data limit exceeded ({self.result_kb} KB)")
-        if task.inputs is None:
-            return self._score_assert(rep, res, kind, limit)
-        msgs = _messages(rep["res"])
-        load = next((m for m in msgs if m[0] == "load" and len(m) == 3), None)
-        if load:
-            return res(kind(load[1]), 0, load[2])
-        cases = {}
-        for m in msgs:
-            if m[0] == "case" and len(m) == 4 and type(m[1]) is int and type(m[2]) is str:
-                cases.setdefault(m[1], m)
-        passed, first, got = 0, None, {}
-        for i, exp in enumerate(task.outputs):
-            m = cases.get(i)
-            if m is not None and m[2] == "ok":
-                try:
-                    got[i] = unpack(m[3])
-                except (BadValue, TypeError, RecursionError):
-                    cases[i] = ["case", i, "bad", "returned malformed data"]
-            if i in got and _same(exp, got[i]):
-                passed += 1
-            elif first is None:
-                first = i
-        if first is None:
-            return res("pass", passed, f"passed {n}/{n} tests")
-        if rep["over"]:
-            return res("output_limit", passed, limit)
-        if rep["timed_out"]:
-            return res("timeout", passed, f"timed out after {self.timeout_s} s ({passed}/{n} tests passed)")
-        m, exp = cases.get(first), task.outputs[first]
-        call = f"{task.entry_point}({', '.join(map(repr, task.inputs[first]))})"
-        if m is None:
-            outcome, why = _death(rep["exit"])
-            return res(outcome, passed, f"{why}; {passed}/{n} tests passed")
-        if first in got:
-            return res("wrong_answer", passed, f"{call} should return {exp!r}, got {got[first]!r}")
-        if m[2] == "bad":
-            return res("wrong_answer", passed, f"{call}: {m[3]}")
-        return res(kind(m[2]), passed, f"{call} raised {m[3]}")
-
-    def _score_assert(self, rep, res, kind, limit):
-        """The judge process wrote one verdict: done, load (the program did not load), fail
-        (check() failed; "died" = the candidate stopped mid-test) or nothing (the judge died)."""
-        v = next(iter(_messages(rep["verdict"])), None)
-        if v == ["done"]:
-            return res("pass", 1, "check() passed")
-        if rep["over"]:
-            return res("output_limit", 0, limit)
-        if rep["timed_out"]:
-            return res("timeout", 0, f"timed out after {self.timeout_s} s")
-        if v is not None and v[0] in ("load", "fail") and len(v) == 3:
-            if v[1] != "died":
-                return res(kind(v[1]), 0, v[2])
-            outcome, why = _death(rep["exit"])
-            return res(outcome, 0, why)
-        outcome, why = _death(rep["judge_exit"])   # e.g. a returned value too big for the judge's memory
-        return res(outcome, 0, f"the judge stopped: {why}")
-
-    def submit_batch(self, tasks, completions, fractional=False) -> concurrent.futures.Future:
-        """Non-blocking: returns a Future of list[Result] (same order), so the trainer can keep
-        generating while the workers run the tests."""
-        if len(tasks) != len(completions):
-            raise ValueError("tasks and completions differ in length")
-        if self._closed:
-            raise RuntimeError("SandboxPool is closed")
-        fut, results = concurrent.futures.Future(), [None] * len(tasks)
-        left = [len(tasks)]
-        def finish(i, r):
-            results[i] = r
-            with self._lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                fut.set_result(results)
-        jobs = [(i, t, self._job(t, c)) for i, (t, c) in enumerate(zip(tasks, completions))]
-        for i, t, job in jobs:
-            if job is None:
-                finish(i, Result(0.0, False, "no_code", "the completion contains no code", 0,
-                                 len(t.inputs) if t.inputs is not None else 1))
-                continue
-            def done(rep, i=i, t=t, job=job):
-                try:
-                    r = self._score(t, rep, fractional)
-                except Exception as e:      # a judge bug must not hang the batch
-                    r = Result(0.0, False, "sandbox_error", _printable(f"judge failed: {e!r}"), 0, 1)
-                finish(i, r)
-            self._q.put((job, done))
-        if not tasks:
-            fut.set_result([])
-        return fut
-
-    def run_batch(self, tasks, completions, fractional=False) -> list[Result]:
-        return self.submit_batch(tasks, completions, fractional).result()
-
-    def close(self):
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            self._q.put(None)
-        for t in self._threads:
-            t.join(self.timeout_s + 35)
-        while True:                          # jobs queued behind the sentinels: answer, never hang
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1]({"error": "pool closed"})
-        for p in self._procs:
-            try:
-                p.stdin.close()              # EOF: the worker removes its dir and exits
-                p.wait(5)
-            except Exception:
-                p.kill()
-                p.wait()
-            p.stdout.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

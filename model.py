@@ -4,7 +4,7 @@ A small Mixture-of-Experts GPT, one file, read top to bottom.
     config = GPTConfig(n_expert=8, top_k=2)        # MoE (n_expert=1: the dense model of equal active size)
     model = GPT(config)
     logits, loss = model(idx, targets)             # loss = cross-entropy + MoE auxiliary terms
-    outs = engine.generate(model, [[1, 2, 3], [4, 5]], 32, temperature=0.8)   # sampling: infra/engine.py
+    outs = sampling.reference(model, [[1, 2, 3], [4, 5]], 32, temperature=0.8)   # sampling: sampling.py
 
 Architecture (nanoGPT / nanochat lineage): token embedding -> n_layer pre-norm blocks of
 (causal GQA attention with RoPE and QK-norm) + (dense SwiGLU MLP in the first n_dense_layers,
@@ -15,7 +15,7 @@ scales at this size, and untying costs nothing in active compute.
 """
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -116,7 +116,7 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
 
     def forward(self, x, cos, sin, cache=None, mask=None):
-        """cache: keys/values of earlier tokens (generation; infra/engine.KVCache): update() stores this
+        """cache: keys/values of earlier tokens (generation; infra/sampling.KVCache): update() stores this
         call's and returns all of them. mask: bool (B, 1, T, keys), True = may attend."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
@@ -192,10 +192,10 @@ def compute_dtype(x):
 
 
 class MoE(nn.Module):
-    # How the routed experts run: "auto" | "sorted" | "grouped" | "dense" | "loop". The reading path
-    # is experts (sorted); the speed paths sit below it (experts_dense, grouped_mm in expert_matmul)
-    # with experts_loop, the textbook reference; path() chooses, in one place. A class attribute, not
-    # config: it changes speed, never results beyond float rounding (tests/test_model.py flips it).
+    # How the routed experts run: "auto" | "sorted" | "grouped" | "dense". The reading path is experts
+    # (sorted: one matmul per expert); the speed paths sit below it (experts_dense, grouped_mm in
+    # expert_matmul); path() chooses, in one place. A class attribute, not config: it changes speed,
+    # never results beyond float rounding (tests/test_model.py flips it).
     dispatch = "auto"
     # CUDA no-grad batches up to this many tokens go dense rather than sorted (E/k x FLOPs, no sync)
     DENSE_ROWS = 1024
@@ -241,8 +241,7 @@ class MoE(nn.Module):
         # learns from the balancing terms only; use top_k >= 2.
         gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-20)
         path = self.path(x)      # the sorted dispatch, or a speed path (below)
-        y = self.experts_loop(x, topi, gates) if path == "loop" else \
-            self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
+        y = self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
             self.experts(x, topi, gates, grouped=path == "grouped")
         if self.shared is not None:
             y = y + self.shared(x)
@@ -290,22 +289,13 @@ class MoE(nn.Module):
     def experts_dense(self, x, topi, gates):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
         FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
-        (fast.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
+        (sampling.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
         data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
         it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
         w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device)
         w = w.scatter_add(1, topi, gates.to(x.dtype))
         a, b = torch.matmul(x, self.w1.to(x.dtype)).chunk(2, -1)                 # (E, N, H) each
         return torch.matmul(F.silu(a) * b * w.T[:, :, None], self.w2.to(x.dtype)).sum(0)
-
-    def experts_loop(self, x, topi, gates):
-        """Reference path: the textbook loop over experts (slow, obviously correct)."""
-        y = torch.zeros_like(x)
-        for e in range(self.E):
-            tok, slot = (topi == e).nonzero(as_tuple=True)
-            a, b = (x[tok] @ self.w1[e]).chunk(2, -1)
-            y = y.index_add(0, tok, ((F.silu(a) * b) @ self.w2[e] * gates[tok, slot, None]).to(y.dtype))
-        return y
 
     def balance_terms(self, logits, probs, topi, valid=None):
         """Expert loads and the balancing terms of one forward's N tokens; valid (N,) bool: the real
@@ -373,7 +363,7 @@ class MTP(nn.Module):
     position t, as in DeepSeek-V3 (embedding and output head shared with the model). Its block is
     dense (the drafts should be cheap) and its layer index follows the trunk's (its own cache slot).
     Trained after pretraining by self-distillation (train_mtp.py); it drafts tokens for speculative
-    decoding (infra/engine.py), where only their speed, never the output, depends on it."""
+    decoding (sampling.py), where only their speed, never the output, depends on it."""
 
     def __init__(self, cfg, m):
         super().__init__()
@@ -431,7 +421,7 @@ class GPT(nn.Module):
         the experts each MoE layer chose, a list of (B*T, top_k): sampling records them for router
         replay (Composer 2), and `routes` (n_moe_layers, B, T, top_k) forces them in training.
         valid (B, T) bool: real tokens, the only ones the MoE balancing statistics count (None = all).
-        cache, mask: as Attention takes them (generation, infra/engine.py)."""
+        cache, mask: as Attention takes them (generation, sampling.py)."""
         cos, sin = self.rope(pos)
         x, replay, chosen = self.wte(idx), iter(routes if routes is not None else []), []
         for block in self.blocks:
@@ -531,3 +521,42 @@ class GPT(nn.Module):
         c = self.config
         active = self.num_params()[1] - self.wte.weight.numel()
         return 6 * active + 6 * c.n_layer * c.n_embd * (c.seq_len + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models made from other models, for continued pretraining (train_pretrain.py): context extension
+
+def extend_context(model: GPT, seq_len: int) -> tuple[GPT, float]:
+    """The model for a longer context, NTK-aware RoPE scaling (bloc97 2023; Code Llama raises the base
+    for the same reason): base * s^(d/(d-2)), s = new/old length, d = head dim, stretches the lowest
+    frequency exactly s times so the longest wavelengths span the new length, while the highest
+    frequencies (local word order) barely move. A short phase at the new length adapts. Returns
+    (the new model, its rope_theta)."""
+    cfg = model.config
+    d = cfg.n_embd // cfg.n_head
+    theta = cfg.rope_theta * (seq_len / cfg.seq_len) ** (d / (d - 2))
+    longer = GPT(replace(cfg, seq_len=seq_len, rope_theta=theta))
+    longer.load_state_dict(model.state_dict())   # RoPE is computed on the fly: same weights
+    return longer, theta
+
+
+# ----------------------------------------------------------------------------------------------
+# New tokens
+
+@torch.no_grad()
+def add_tokens(model: GPT, vocab_size: int) -> GPT:
+    """The model with a vocabulary of `vocab_size` (>= its own): every old weight copied, and each new
+    token's embedding and LM-head row set to the mean of the old ones (Hewitt 2021, "Initializing New
+    Word Embeddings for Pretrained Language Models": the mean keeps the new tokens' logits near the
+    average, where random rows could make them dominate or vanish). Every old token's logits and
+    every forward on old tokens are unchanged; the new rows are learnt in continued pretraining."""
+    old = model.config.vocab_size
+    if vocab_size < old:
+        raise ValueError(f"add_tokens: {vocab_size} < the model's vocabulary {old}")
+    wider = GPT(replace(model.config, vocab_size=vocab_size)).to(model.lm_head.weight.device)
+    sd = model.state_dict()
+    for name in ("wte.weight", "lm_head.weight"):
+        w = sd[name]
+        sd[name] = torch.cat([w, w.mean(0, keepdim=True).expand(vocab_size - old, -1)])
+    wider.load_state_dict(sd)
+    return wider

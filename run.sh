@@ -4,7 +4,7 @@
 #   mtp       multi-token-prediction modules for speculative decoding       (train_mtp.py)
 #   rl        group-relative RL against sandboxed unit-test tasks           (train_rl.py)
 #   eval      side-by-side evaluation of the pretrained and RL checkpoints  (eval.py)
-#   plots     figures of the runs' curves next to the evaluation table      (plot.py)
+#   plots     figures of the runs' curves next to the evaluation table      (lab/plot.py)
 # Five stages; with TURNS > 1 seven: pretrain -> mtp -> repair -> rl1 -> rl -> eval -> plots (below).
 # Usage:  bash run.sh              # preset: gpu if a GPU is visible, else cpu (times: README)
 #         PRESET=smoke bash run.sh # a check that everything is wired up, seconds per stage
@@ -17,7 +17,7 @@
 # Stops at the first failing stage and shows that stage's error.
 set -euo pipefail
 cd "$(dirname "$0")"
-source experiments/lib.sh   # run_stage, json_get
+source lab/experiments/lib.sh   # run_stage, json_get
 PRESET=${PRESET:-$(python -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")}
 TURNS=${TURNS:-1}
 AGENT=${AGENT:-0}
@@ -51,7 +51,7 @@ if [ "$AGENT" = 1 ]; then
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --agent --ckpt "$BOOT_CKPT" --ckpt "$RL_CKPT" \
     --label boot --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"
-  run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
+  run_stage plots python -m lab.plot "$OUT" --out-dir "$OUT/eval"
   echo
   echo "artefacts:"
   echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT)"
@@ -98,13 +98,13 @@ else
   run_stage eval python eval.py --preset "$PRESET" --ckpt "$MTP_CKPT" --ckpt "$RL_CKPT" \
     --label pretrained --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"
 fi
-run_stage plots python plot.py "$OUT" --out-dir "$OUT/eval"
+run_stage plots python -m lab.plot "$OUT" --out-dir "$OUT/eval"
 
 echo
 echo "artefacts:"
 echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT, tokenizer, metrics.jsonl)"
 echo "  MTP         : $OUT/mtp/       (the pretrained model + MTP modules for speculative decoding, $MTP_CKPT;"
-echo "                try: python agent.py --ckpt $MTP_CKPT, python bench.py speculative --ckpt $MTP_CKPT --quick)"
+echo "                try: python agent.py --ckpt $MTP_CKPT, python -m lab.bench speculative --ckpt $MTP_CKPT --quick)"
 [ "$TURNS" -gt 1 ] && echo "  repair data : $OUT/repair/  (continued pretraining with repair transcripts," \
                           "checkpoint $REPAIR_CKPT)"
 [ "$TURNS" -gt 1 ] && echo "  RL, 1 turn  : $OUT/rl1/       (single-turn RL, checkpoint $RL1_CKPT)"

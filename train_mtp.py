@@ -1,11 +1,11 @@
 """
 Multi-token prediction by self-distillation: a short stage after pretraining that gives a checkpoint
 DeepSeek-V3's MTP modules (model.py: MTP), which then draft tokens for speculative decoding
-(infra/speculative.py: generate; the interactive command, agent.py, uses it).
+(speculative.py: generate; the interactive command, agent.py, uses it).
 
     python train_mtp.py --preset cpu --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/mtp
     python train_mtp.py --init-from CKPT --n-mtp 2 --train-trunk     # depth 2, the trunk trained too
-    python bench.py speculative --ckpt runs/cpu/mtp/ckpt.pt           # what it buys
+    python -m lab.bench speculative --ckpt runs/cpu/mtp/ckpt.pt           # what it buys
 
 The loss: level m's logits at slot j and the main head's both predict token j+1, the level from the
 trunk's state m tokens earlier, so the level learns the main head's distribution there,
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from infra import common
 from data import corpus
-from data.tokenizer import Tokenizer
+from tokenizer import Tokenizer
 from model import GPT
 
 PRESETS = {

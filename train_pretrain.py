@@ -14,7 +14,6 @@ into better RL, so this stage must be efficient and its loss trustworthy.
     python train_pretrain.py --data code=~/src/repo --data web=docs.jsonl \
         --mix stdlib=0.3,tasks=0.4,code=0.2,web=0.1
     python train_pretrain.py --init-from runs/a/ckpt.pt --mix tasks=1 --out-dir runs/b   # continued pretrain
-    python train_pretrain.py --init-from dense/ckpt.pt --upcycle --n-expert 8 --top-k 2 --out-dir runs/moe
     python train_pretrain.py --init-from runs/b/ckpt.pt --seq-len 1024 --max-steps 200 --out-dir runs/long
     python train_pretrain.py --preset cpu --out-dir runs/b --resume     # continue exactly where it stopped
 
@@ -38,16 +37,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from infra import common
+from infra import common, plan
 from data import corpus
-from infra import fast
+import sampling
 import env
 from data import repair
 from data import repos
 from data import tasks
-from model import GPT, GPTConfig, MoE
-from infra.surgery import add_tokens, extend_context, upcycle
-from data.tokenizer import Tokenizer
+from model import GPT, GPTConfig, MoE, add_tokens, extend_context
+from tokenizer import Tokenizer
 
 # Presets. A name with a flag is a default that the flag overrides; the others (n_head, n_kv_head,
 # tok_train_mb, val_tokens, log_every, sample_every, sample_tokens) are settings of the preset alone:
@@ -116,11 +114,11 @@ a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) 
   "never reach training; HumanEval's and the canaries' are always excluded")
 a("--cache-dir", help="token/tokenizer cache, default OUT_DIR/cache; share it between runs")
 a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained once per corpus, cached)")
-# architecture (ignored with --init-from / --resume, which use the checkpoint's; --upcycle reads the MoE ones)
+# architecture (ignored with --init-from / --resume, which use the checkpoint's)
 for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"),
                    ("top-k", "experts per token"),
                    ("n-expert", "routed experts per MoE layer (the dense ablation at the MoE's active "
-                                "size, as experiments/dense_vs_moe.sh: --n-expert 1 --top-k 1 "
+                                "size, as lab/experiments/dense_vs_moe.sh: --n-expert 1 --top-k 1 "
                                 "--n-shared-expert 0 --expert-hidden (top_k + n_shared_expert) x "
                                 "expert_hidden, 384 on cpu)"),
                    ("n-shared-expert", "always-on shared experts"),
@@ -132,8 +130,6 @@ a("--seq-len", type=int, help="training context; with --init-from: default the c
   "context extension (NTK-aware RoPE base scaling)")
 a("--init-from", help="checkpoint to continue pretraining from (weights + tokenizer; fresh optimizer, LR "
   "re-warmup)")
-a("--upcycle", action="store_true", help="sparse-upcycle the dense --init-from checkpoint to "
-  "--n-expert/--top-k")
 a("--resume", action="store_true", help="continue exactly from OUT_DIR/ckpt.pt (optimizer, step, data "
   "position, RNG): rerun the same command plus --resume")
 a("--lr", type=float, help="peak learning rate (AdamW)")
@@ -146,7 +142,7 @@ a("--stop-at-step", type=int, default=0, help="stop and checkpoint after this st
   "(a time slot; --resume continues); 0 = off")
 a("--eval-every", type=int, help="steps between validation loss / bits-per-byte (and at the end)")
 a("--ckpt-every", type=int, help="steps between checkpoints (and at the end)")
-common.add_plan_args(p)
+plan.add_plan_args(p)
 argv = sys.argv[1:]
 args = common.parse_args(p, PRESETS, argv)
 # flags typed on the command line (the preset fills the rest): these win over a checkpoint's values
@@ -186,8 +182,6 @@ if resume or args.init_from:
         args.seq_len = init.config.seq_len
 # corpus.py reads its settings from args, and the data's key (PREP_ARGS) is made from there too
 args.data_ext, args.text_field, args.max_file_kb, args.val_frac = DATA_EXT, TEXT_FIELD, MAX_FILE_KB, VAL_FRAC
-if args.upcycle and not args.init_from:
-    common.die("--upcycle needs --init-from DENSE_CHECKPOINT")
 try:
     tasks.parse_difficulties(args.task_difficulties)
 except ValueError as e:
@@ -209,31 +203,31 @@ if "agent" in mix:   # the bootstrap of the agent (data/repos.py transcripts): a
                    "gets the tool tokens)")
     if args.agent_n < 1:
         common.die("--mix agent=...: give --agent-n N (repository tasks to write transcripts of)")
-    tok = tok if tok.tools else tok.with_tools()   # the tool tokens after every old id (surgery.add_tokens)
+    tok = tok if tok.tools else tok.with_tools()   # the tool tokens after every old id (model.add_tokens)
 
 T = args.seq_len
-mbs, accum = common.fit_micro_batch(args.batch_tokens, T, world, args.micro_batch, "micro_batch" in given)
+mbs, accum = plan.fit_micro_batch(args.batch_tokens, T, world, args.micro_batch, "micro_batch" in given)
 
 
 def dry_run():
     """--dry-run: the plan for --world-size processes on --plan-device (common.py), then exit. Its
     est_prep_min, rank 0's data preparation (once; a later run reuses it), is timed here on a sample
-    of 200 tasks and 0.5 MB per source and scaled to the preset's sizes (common.prep_minutes; how, in
+    of 200 tasks and 0.5 MB per source and scaled to the preset's sizes (corpus.prep_minutes; how, in
     est_prep_basis): on this machine's CPU, not the GPU host's."""
     cfg = init.config if init is not None else GPTConfig(vocab_size=args.vocab_size, seq_len=T,
                                                          n_dense_layers=N_DENSE_LAYERS,
                                                          **{k: getattr(args, k) for k in ARCH})
-    name, peak, mem = common.plan_device(args)
-    n_total, n_active, flops_per_token = common.model_plan(cfg)
+    name, peak, mem = plan.plan_device(args)
+    n_total, n_active, flops_per_token = plan.model_plan(cfg)
     tokens = args.batch_tokens * args.max_steps
-    prep_min, prep_basis = common.prep_minutes(args, mix, user_data, tok)
-    common.finish_plan({
+    prep_min, prep_basis = corpus.prep_minutes(args, mix, user_data, tok)
+    plan.finish_plan({
         "script": "train_pretrain.py", "preset": args.preset, "world_size": world, "device_type": name,
         "tokens_per_step": args.batch_tokens, "micro_batch": mbs, "grad_accum": accum, "seq_len": T,
         "steps": args.max_steps, "tokens": tokens, "params_total": n_total, "params_active": n_active,
-        "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": common.PLAN_MFU,
-        "est_gpu_mem_gb": round(common.memory_gb(cfg, n_total, mbs, T), 1),
-        "est_run_min": round(flops_per_token * tokens / (world * peak * common.PLAN_MFU) / 60, 1),
+        "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": plan.PLAN_MFU,
+        "est_gpu_mem_gb": round(plan.memory_gb(cfg, n_total, mbs, T), 1),
+        "est_run_min": round(flops_per_token * tokens / (world * peak * plan.PLAN_MFU) / 60, 1),
         "est_prep_min": round(prep_min, 2), "est_prep_basis": prep_basis,
         "model_config": dataclasses.asdict(cfg)}, mem)
 
@@ -251,8 +245,8 @@ if args.dry_run:
 PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "agent_n", "source_mb",
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
 DATA_CODE = ("data/corpus.py", "data/tasks.py", "data/world.py", "data/families.py", "data/repair.py",
-             "data/repos.py", "data/tokenizer.py",
-             "env.py", "infra/sandbox_worker.py")    # the harness whose observations the transcripts hold
+             "data/repos.py", "tokenizer.py",
+             "env.py", "sandbox/worker.py")    # the harness whose observations the transcripts hold
 
 
 def prepared_data():
@@ -329,7 +323,7 @@ def get_batch(step):
 
 
 # ---------------------------------------------------------------------------------------------
-# Model: from scratch, from --init-from (optionally upcycled / context-extended), or resumed.
+# Model: from scratch, from --init-from (optionally context-extended), or resumed.
 
 if init is None:
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=T, n_dense_layers=N_DENSE_LAYERS,
@@ -343,18 +337,14 @@ else:
         if master:
             print("--init-from: its MTP modules are dropped (train_mtp.py adds them after pretraining)",
                   file=sys.stderr)
-    if args.upcycle and not resume:
-        if model.config.n_expert != 1:
-            common.die(f"--upcycle: {args.init_from} is already an MoE ({model.config.n_expert} experts)")
-        model = upcycle(model, args.n_expert, args.top_k, args.n_shared_expert, balance=args.balance)
-    if T > model.config.seq_len and not resume:   # context extension (surgery.py)
+    if T > model.config.seq_len and not resume:   # context extension (model.extend_context)
         old = model.config
         model, theta = extend_context(model, T)
         if master:
             print(f"context extension {old.seq_len} -> {T}: rope_theta {old.rope_theta:g} -> {theta:g}",
                   file=sys.stderr)
 if tok.vocab_size > model.config.vocab_size and tok.tools and init is not None and not resume:
-    model = add_tokens(model, tok.vocab_size)      # the tool tokens' rows (surgery.py), before any step
+    model = add_tokens(model, tok.vocab_size)      # the tool tokens' rows (model.add_tokens), before any step
 if tok.vocab_size > model.config.vocab_size:
     common.die(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
 raw = model.to(device)
@@ -440,7 +430,7 @@ def sample_text(step):
     """A short completion of a held-out env prompt, to watch the model learn to write code."""
     gen = torch.Generator(device=device).manual_seed(args.seed + step)   # not the training RNG
     raw.eval()
-    out = fast.generate(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
+    out = sampling.generate(raw, [tok.encode(env.render_prompt(sample_task))], args.sample_tokens,
                                   temperature=0.8, stop_ids=(tok.eot_id,), generator=gen)[0]
     raw.train()
     return env.extract_completion(tok.decode(out["tokens"]))
@@ -449,12 +439,12 @@ def sample_text(step):
 # ---------------------------------------------------------------------------------------------
 # Training loop
 
-# MFU's peak: on CUDA the dense bf16 peak of this device (common.DEVICES). On CPU a datasheet peak
+# MFU's peak: on CUDA the dense bf16 peak of this device (plan.DEVICES). On CPU a datasheet peak
 # means little on a shared VM, so MFU is against what a 1024^3 fp32 matmul reaches here with this
 # process's threads (the fastest of 20, so a neighbour's load does not lower it); a GPU missing from
 # the table is measured the same way, with a 4096^3 bf16 matmul.
 cuda = device.type == "cuda"
-peak = common.peak_flops(device) if cuda and common.device_spec(torch.cuda.get_device_name(device)) else None
+peak = plan.peak_flops(device) if cuda and plan.device_spec(torch.cuda.get_device_name(device)) else None
 if peak is None:
     size, dtype = (4096, torch.bfloat16) if cuda else (1024, torch.float32)
     x, best = torch.randn(size, size, dtype=dtype).to(device), float("inf")

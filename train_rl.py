@@ -1,7 +1,7 @@
 """
 Phase two of the Composer 2 recipe (arXiv 2603.24477): group-relative policy-gradient RL against
-sandboxed unit-test tasks, in the very harness eval.py measures with (engine.run_episodes: env.render_prompt
--> generation -> env.extract_completion -> env.SandboxPool; --agent: repositories worked through tools).
+sandboxed unit-test tasks, in the very harness eval.py measures with (env.run_episodes: env.render_prompt
+-> generation -> env.extract_completion -> SandboxPool; --agent: repositories worked through tools).
 
     python train_rl.py --preset smoke --init-from runs/pt-smoke/ckpt.pt --out-dir runs/rl-smoke   # seconds
     python train_rl.py --init-from runs/cpu/pretrain/ckpt.pt --out-dir runs/cpu/rl             # cpu, ~14 min
@@ -17,7 +17,7 @@ sandboxed unit-test tasks, in the very harness eval.py measures with (engine.run
 One step is rl_step(ctx, step), in this order:
   sample     ctx.rollout, the rollout function setup chose (rl/rollouts.py single_turn, episodes or
              repair_groups): G completions for each of the train stream's next tasks
-             (rollouts.draw_tasks; never revisited: one epoch), scored in env.SandboxPool
+             (rollouts.draw_tasks; never revisited: one epoch), scored in SandboxPool
   reward     rollouts.rewards: correctness, minus the length cost and the k1 KL when they are on
   advantage  rl/algo.py group_advantages: reward - group mean (Dr. GRPO); groups whose correctness
              does not vary are replaced by fresh tasks, sampled in another round (DAPO's dynamic
@@ -44,9 +44,10 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from infra import common
+from infra import common, plan
 import env
-from rl.algo import (batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss,
+from sandbox.pool import SandboxPool
+from rl.algo import (Sequence, batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss,
                      token_logprobs, token_weights)
 import eval as evaluation
 from rl.metrics import new_stats, record, summarize_run
@@ -57,7 +58,7 @@ from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 # Presets: defaults, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
 # why its train mix, held-out levels and prefilter: docs/results.md (RL: the cpu preset), docs/notes.md.
 # Its gen_batch = B x G: one generate() call per round, so sandboxing never overlaps generation (on 2
-# cores the overlap only slowed generation: docs/benchmarks.md, `python bench.py rl`).
+# cores the overlap only slowed generation: docs/benchmarks.md, `python -m lab.bench rl`).
 # FIXED: settings with no flag (the flags are run settings and the README's ablations), the same in
 # every preset unless a preset sets its own; a test or tool sets them through main(argv, **settings).
 FIXED = dict(
@@ -75,8 +76,6 @@ FIXED = dict(
     # tune on (eval.py reports on another), levels
     canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward
                          # hack); 0 = off
-    sample_seeding="batch",   # batch: one RNG per round and rank; task: one per task (samples that do
-    # not depend on the rank layout, as the DDP tests compare)
 )
 PRESETS = {
     "smoke": dict(FIXED, steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
@@ -176,7 +175,7 @@ g.add_argument("--eval-every", type=int,
 g.add_argument("--eval-tasks", type=int,
                help="held-out env test-split tasks (0: no held-out eval, as run.sh's episode stage, "
                     "which its eval stage measures)")
-common.add_plan_args(p)   # --dry-run, --world-size, --plan-device
+plan.add_plan_args(p)   # --dry-run, --world-size, --plan-device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +189,7 @@ def main(argv=None, **settings):
                         "are not settings of train_rl.FIXED")
     vars(args).update(settings)
     if args.dry_run:                    # the plan (batch, memory, time), then exit
-        common.rl_plan(args, args.world_size or common.dist_env()[2])
+        plan.rl_plan(args, args.world_size or common.dist_env()[2])
     ctx = setup(args)
     state = ctx.state                   # everything a checkpoint holds besides weights and optimizer
     if "before" not in state["evals"]:
@@ -294,18 +293,18 @@ def sample_round(ctx, need, seed, stats):
     """One sampling round, sample -> reward -> advantage: the rollouts of the train stream's next
     tasks, their rewards, and the groups worth training on with each sample's advantage."""
     args = ctx.args
-    tasks, keys = rollouts.draw_tasks(ctx, need, stats)     # the train stream's next tasks
+    tasks = rollouts.draw_tasks(ctx, need, stats)           # the train stream's next tasks
     # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
     # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
-    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)
+    samples, results = ctx.rollout(ctx, tasks, seed, stats)
     scored = [(s, r) for s, r in zip(samples, results)
-              if r.outcome != "sandbox_error" and not s.get("masked")]     # masked: --over-cap mask
+              if r.outcome != "sandbox_error" and not s.masked]     # masked: --over-cap mask
     # reward: correctness, minus the length cost and the k1 KL when they are on
     correct, reward = rollouts.rewards(ctx, scored, stats)
     # advantage: reward - group mean (Dr. GRPO), over the groups the rollout function labelled. A group
     # is kept if its CORRECTNESS varies (DAPO): a length cost or KL makes almost every shaped reward
     # differ, and all-pass / all-fail groups would train on that noise.
-    groups = [s["group"] for s, _ in scored]
+    groups = [s.group for s, _ in scored]
     adv, keep = group_advantages(reward, groups, std=args.adv_std,
                                  signal_from=correct if args.dynamic_sampling else None)
     rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
@@ -320,7 +319,7 @@ def training_batches(ctx, groups):
     parts = micro_batches(groups, ctx.args.micro_batch, ctx.pack)
     batches = [batch_tensors(mb, ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, ctx.pack)
                for mb in parts]
-    return batches, [[s["adv"] for s in mb] for mb in parts], global_counts(ctx, batches)
+    return batches, [[s.adv for s in mb] for mb in parts], global_counts(ctx, batches)
 
 
 def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
@@ -370,7 +369,7 @@ def padding_batch(ctx):
     inside every training forward, so all ranks must run as many. Its loss and gradients are zero."""
     eot, model = ctx.tok.eot_id, ctx.model
     routes = torch.zeros(model.n_moe_layers, 1, model.config.top_k, dtype=torch.long)
-    b = batch_tensors([{"prompt_ids": [eot], "tokens": [eot], "logprobs": [0.0], "routes": routes}],
+    b = batch_tensors([Sequence([env.Turn([eot], [eot], [0.0], routes=routes)])],
                       ctx.tok.pad_id, model.n_moe_layers, model.config.top_k, ctx.replay, False)
     return b._replace(tgt=torch.full_like(b.tgt, -1), valid=torch.zeros_like(b.valid),
                       layout={"at": torch.zeros(0, dtype=torch.long)})
@@ -420,7 +419,7 @@ def score_canary(ctx, step, stats):
     task = ctx.canaries[(step // args.canary_every) % len(ctx.canaries)]
     attempt = rollouts.tool_episodes if args.agent else rollouts.episodes if args.turns > 1 \
         else rollouts.single_turn                                                 # first attempts, no repairs
-    _, results = attempt(ctx, [task], [-1 - step], rollouts.Seed(step, part="canary"), stats)
+    _, results = attempt(ctx, [task], rollouts.Seed(step, part="canary"), stats)
     stats["canary_passes"] += sum(r.passed for r in results)
     stats["canary_samples"] += len(results)
 
@@ -512,15 +511,13 @@ def save(ctx):
 
 def check_args(args, world):
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
-    common.tasks_per_rank(args.batch_tasks, world)
+    plan.tasks_per_rank(args.batch_tasks, world)
     if args.turns < 1:
         common.die(f"--turns must be >= 1, got {args.turns}")
-    if args.turns > 1 and args.sample_seeding == "task":
-        common.die("sample_seeding 'task' is single-turn only (episodes sample in batches)")
-    if args.repair_groups and (args.turns > 1 or args.sample_seeding == "task"):
-        common.die("--repair-groups is for --turns 1 with batch seeding (episodes sample their own repairs)")
-    if args.agent and (args.turns > 1 or args.repair_groups or args.sample_seeding == "task"):
-        common.die("--agent runs its own episodes: no --turns, --repair-groups or task seeding with it")
+    if args.repair_groups and args.turns > 1:
+        common.die("--repair-groups is for --turns 1 (episodes sample their own repairs)")
+    if args.agent and (args.turns > 1 or args.repair_groups):
+        common.die("--agent runs its own episodes: no --turns or --repair-groups with it")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:
@@ -614,10 +611,10 @@ def setup(args):
         tok=tok, ref=ref, params=params, optimizer=optimizer, state=state, stream=stream, levels=levels,
         test_tasks=test_tasks,
         canaries=(canary_repo_tasks() if args.agent else canary_tasks()) if args.canary_every else [],
-        per_rank=common.tasks_per_rank(args.batch_tasks, world),
+        per_rank=plan.tasks_per_rank(args.batch_tasks, world),
         replay=args.router_replay and model.n_moe_layers > 0,
         pack=args.pack_prompts and args.turns == 1 and not args.agent, rollout=rollout,
-        pool=env.SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
+        pool=SandboxPool(workers=args.sandbox_workers, timeout_s=args.sandbox_timeout),
         ckpt_path=ckpt_path, metrics_path=metrics_path, t_start=time.time())
 
 

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from infra import common
-from data import tokenizer
-from data.tokenizer import Tokenizer, train_tokenizer
+import tokenizer
+from tokenizer import Tokenizer, train_tokenizer
 
 BUILT_IN = ("stdlib", "tasks", "agent")
 
@@ -384,3 +384,65 @@ def heldout_code_texts(val_frac=0.02):
         if is_validation(h, val_frac):
             stdlib.append((h, text))
     return [t for _, t in sorted(stdlib)]
+
+
+def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
+    """(minutes, how they were estimated) of train_pretrain.py's data preparation (prepare on
+    rank 0, one core, once per data definition) on THIS machine's CPU: timed on a sample here and
+    scaled linearly. Generating and rendering `n_tasks` env tasks, times --tasks-n (all are generated,
+    whatever --source-mb); hashing, the leak filter and tokenizing those and the first `sample_mb` MB
+    of every other source, times each source's size (capped at --source-mb); training the tokenizer
+    at --vocab-size on the sample, times the --tok-train-mb it trains on (none when `tok`, e.g.
+    --init-from's, is given); the held-out index, as it is. Repair and agent transcripts (--repair-frac,
+    --agent-n: sandbox runs) are not counted. About 2 s; `lab/gpu_check.py` reports the measured time
+    beside it."""
+    import env
+    from data import tasks
+    clock = time.perf_counter
+    t = clock()
+    index = tasks.heldout_index(args.holdout_n)
+    fixed_s, t = clock() - t, clock()
+    levels = tasks.parse_difficulties(args.task_difficulties)
+    task_texts = [env.corpus_text(x) for x in tasks.generate_tasks("train", n_tasks, seed=args.seed, difficulties=levels)]
+    gen_s, task_bytes = (clock() - t) / n_tasks, sum(map(len, task_texts)) / n_tasks
+    samples, sizes = {}, {}
+    for name in mix:
+        if name == "agent":
+            samples[name], sizes[name] = [], 0
+            continue
+        if name == "tasks":
+            kept = min(args.tasks_n, math.ceil(args.source_mb * 1e6 / task_bytes)) if args.source_mb else args.tasks_n
+            samples[name], sizes[name] = task_texts, kept * task_bytes
+            continue
+        docs = load_source(name, user_data.get(name), Counter(), args)     # capped at --source-mb
+        samples[name] = list(capped(docs, sample_mb))
+        if name in user_data:    # a --data source by its files' sizes (reading it all could take long)
+            path, exts = user_data[name], {"." + e.strip().lstrip(".") for e in args.data_ext.split(",")}
+            size = os.path.getsize(path) if os.path.isfile(path) else sum(
+                os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs
+                if os.path.splitext(f)[1] in exts)
+            sizes[name] = min(size, args.source_mb * 1e6) if args.source_mb else size
+        else:                    # the stdlib: the rest of it read (~11 MB, a fraction of a second)
+            sizes[name] = sum(map(len, samples[name])) + sum(map(len, docs))
+    sample = [d for s in samples.values() for d in s]
+    tok_s = tok_bytes = 0.0
+    if tok is None:
+        t = clock()
+        tok = train_tokenizer(sample, args.vocab_size)
+        tok_s = (clock() - t) / sum(map(len, sample))
+        tok_bytes = sum(min(sizes[n], args.tok_train_mb * 1e6 * mix[n] / sum(mix.values())) for n in mix)
+
+    def per_byte(docs):          # what prepare does to a document once read: hash, leak filter, tokens
+        t = clock()
+        for d in docs:
+            doc_hash(d)
+            tasks.is_heldout(d, index)
+        for ids in tok.encode_batch(docs):
+            np.asarray(ids + [tok.eot_id], dtype=np.uint16)
+        return (clock() - t) / max(1, sum(map(len, docs)))
+    total_s = (fixed_s + args.tasks_n * gen_s + tok_bytes * tok_s
+               + sum(sizes[n] * per_byte(samples[n]) for n in mix))
+    basis = (f"timed on this machine's CPU on {n_tasks} tasks and {sample_mb} MB per source, scaled to "
+             f"{args.tasks_n} tasks, {sum(sizes.values()) / 1e6:.0f} MB of text, "
+             f"{tok_bytes / 1e6:.0f} MB of tokenizer training; repair transcripts not counted")
+    return total_s / 60, basis

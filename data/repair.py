@@ -24,6 +24,7 @@ import time
 from contextlib import nullcontext
 
 import env
+from sandbox.pool import SandboxPool
 from data import tasks
 from data import world
 from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2
@@ -246,8 +247,8 @@ def _usable(task, wrong):
 
 
 def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:
-    """(task, wrong body, env.Result) for about `frac` of the (train) tasks: a mutant that really
-    fails the docstring's examples in `pool` (env.SandboxPool), with what the sandbox said. Each task
+    """(task, wrong body, Result) for about `frac` of the (train) tasks: a mutant that really
+    fails the docstring's examples in `pool` (SandboxPool), with what the sandbox said. Each task
     draws from its own RNG (seed, task_id), so whether it gets one, and which, does not depend on the
     other tasks in the list. Tasks without visible examples or without a failing mutant among their
     first `tries` are skipped. All candidates of a round go to the sandbox in one batch."""
@@ -262,7 +263,7 @@ def repairs(tasks, pool, seed=0, frac=0.25, tries=3) -> list[tuple]:
     found = {}
     for k in range(tries):                        # round k: the k-th candidate of the tasks still open
         todo = [(i, c[k]) for i, (_, _, c) in enumerate(chosen) if i not in found and k < len(c)]
-        results = pool.run_batch([chosen[i][1] for i, _ in todo], [m for _, m in todo])
+        results = pool.run_batch(env.runs([chosen[i][1] for i, _ in todo], [m for _, m in todo]))
         for (i, wrong), r in zip(todo, results):
             if r.outcome not in ("pass", "sandbox_error"):    # only the attempt's own failures
                 found[i] = (chosen[i][0], wrong, r)
@@ -298,7 +299,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     todo = tasks.generate_tasks("train", a.n, seed=a.seed)
     t0 = time.time()
-    with env.SandboxPool(timeout_s=1.0) as pool:
+    with SandboxPool(timeout_s=1.0) as pool:
         found = repairs(todo, pool, seed=a.seed, frac=a.frac)
     dt = time.time() - t0
     for t, wrong, r in found[:a.show]:
@@ -324,7 +325,7 @@ def task_docs(train, repair_frac=0.0, seed=0, chunk=256):
     """The solved tasks, and after each chunk of them their repair transcripts (repair.py), so the
     --source-mb cap keeps both. Lazy: chunks past the cap never reach the sandbox, and the pool closes
     when the caller drops the generator."""
-    with env.SandboxPool(timeout_s=1.0) if repair_frac > 0 else nullcontext() as pool:
+    with SandboxPool(timeout_s=1.0) if repair_frac > 0 else nullcontext() as pool:
         for i in range(0, len(train), chunk):
             yield from map(env.corpus_text, train[i:i + chunk])
             if pool is not None:

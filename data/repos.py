@@ -32,6 +32,7 @@ import time
 
 from data import families
 from data import world
+from sandbox.pool import Result, SandboxPool
 
 # Names vary per task so that an agent must look at the repository instead of assuming a layout.
 ADJECTIVES = ["BASE", "UPPER", "LOWER", "DEFAULT", "TARGET", "INITIAL", "EXTRA", "STANDARD", "FIXED",
@@ -550,7 +551,7 @@ def summary_text(task, read):
 
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
     """One oracle Transcript per task, observations from env.Tools itself; every test run of the
-    batch goes to `pool` (env.SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
+    batch goes to `pool` (SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
     oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format.
     A long task's episode (FULL_FRAC of them aside: the full-context format, no summary) runs in the
     summary harness (env.long_tools), which says where a summary falls: tok counts the context as an
@@ -569,7 +570,8 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
         tools = env.Tools(inline=True) if oracle else env.long_tools() if summarise else env.Tools()
         steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else \
             long_plan(t, r) if len(t.facts) > 1 else plan(t, r)
-        e, read, fresh = tools.start(t), [], [(tools.prompt(t), True, False)]   # fresh: a new context's start
+        e, read, fresh = env.Episode(0), [], [(tools.prompt(t), True, False)]   # fresh: a new context's start
+        tools.start(t, e)
         segs = list(fresh)
         if summarise:
             prompt = tok.encode(tools.prompt(t))
@@ -580,7 +582,7 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
             segs += env.action_segments(name, payload)
             if name == "submit" or oracle:          # the oracle's one action ends its episode
                 break
-            obs, run = tools.apply(t, e, name, payload, {})
+            obs, run = tools.apply(t, e, name, payload, env.Action())
             if run:                                 # a test run: its report is filled in below
                 runs.append((len(docs), len(segs) + 1, run))
             segs += env.observation_segments(obs)
@@ -588,28 +590,29 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
                 continue
             act = env.action_ids(tok, name, payload)
             n = _visible_count(t)                   # the reference passes its run: that report's length
-            shown = env.test_report(env.Result(1.0, True, "pass", "", n, n)) if run else obs
-            feed = act[-1:] + tools.feed_ids(tok, shown)       # as engine.next_feed: <|end|>, the observation
-            nxt = tools.fit(tok, t, e, {"tokens": act, "stopped": False}, feed, ctx + len(act) - 1, prompt,
+            shown = env.test_report(Result(1.0, True, "pass", "", n, n)) if run else obs
+            feed = act[-1:] + tools.feed_ids(tok, shown)       # as env.next_feed: <|end|>, the observation
+            nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ctx + len(act) - 1, prompt,
                             seq_len or env.LONG_WINDOW, 0)
             if nxt is None:                         # past the summary cap: the harness ends the episode
                 break
-            if not e.pop("summarizing", False):
+            if not e.state.pop("summarizing", False):
                 ctx += len(act) - 1 + len(nxt[0])
                 continue
-            if e.pop("blind", 0):                   # no room for the observation: again after the summary
+            blind, e.blind = e.blind, 0
+            if blind:                               # no room for the observation: again after the summary
                 segs, read = segs[:-3], read[:-1] if name == "read" else read
                 runs = runs[:-1] if run else runs
                 steps.insert(0, (name, payload))
             text = summary_text(t, read)
             segs += [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)]
             docs.append(segs)
-            e["summaries"].append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
+            e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
             fresh += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
             segs = list(fresh)
-            ctx = len(prompt) + sum(1 + len(ids) for ids in e["summaries"])
+            ctx = len(prompt) + sum(1 + len(ids) for ids in e.summaries)
         docs.append(segs)
-    results = pool.run_batch([run for _, _, run in runs], [""] * len(runs))
+    results = pool.run_batch([run for _, _, run in runs])
     for (d, at, _), r in zip(runs, results):
         docs[d][at] = (env.test_report(r), True, False)
     out = []
@@ -625,10 +628,9 @@ def agent_source(args, tok, chunk=256):
     """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
     oracle transcripts of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
     --source-mb cap stops it)."""
-    import env
     from data.tasks import parse_difficulties
     levels = parse_difficulties(args.task_difficulties)
-    with env.SandboxPool(timeout_s=1.0) as pool:
+    with SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)

@@ -39,6 +39,7 @@ import textwrap
 import time
 
 import env
+from sandbox.pool import SandboxPool
 from infra.cli import ArgumentParser, die   # bad input: one line `error: ...`, exit code 2
 from data import families as fam   # the 8 template families (data); world.py is the ninth
 from data import world
@@ -511,9 +512,9 @@ def main(argv=None):
                   f"hidden_tests={hidden}")
             print(env.corpus_text(t))
     else:
-        with env.SandboxPool(a.workers, timeout_s=a.timeout) as pool:
+        with SandboxPool(a.workers, timeout_s=a.timeout) as pool:
             t0 = time.time()
-            results = pool.run_batch(todo, [t.solution or "" for t in todo])
+            results = pool.run_batch(env.runs(todo, [t.solution or "" for t in todo]))
             dt = time.time() - t0
         for t, r in zip(todo, results):
             if not r.passed and not t.canary:

@@ -1,6 +1,6 @@
 """
-The command-line convention every script shares, in a module without torch: plot.py, env.py,
-data/*.py and experiments/report.py import it without loading torch, and infra/common.py re-exports
+The command-line convention every script shares, in a module without torch: lab/plot.py, env.py,
+data/*.py and lab/experiments/report.py import it without loading torch, and infra/common.py re-exports
 both names (common.die, common.ArgumentParser).
 
 Bad input is one line on stderr, `error: ...`, and exit code 2, whether a script's own check finds

@@ -21,6 +21,7 @@ forwards, packed or not), token_logprobs (the one that runs the model: the polic
 those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
 eval: pass_sums (pass@k as sums that combine across ranks).
 """
+import dataclasses
 import math
 from collections import namedtuple
 
@@ -108,68 +109,71 @@ def kl_k1(logp, ref_logp, mask):
     return ((logp - ref_logp) * mask).sum(-1)
 
 
-def turns_of(s):
-    """The turns of a sample: an episode's (engine.run_episodes, --turns > 1) or the sample itself."""
-    return s.get("turns") or [s]
+@dataclasses.dataclass
+class Sequence:
+    """One training sequence: an episode (env.Episode), or a segment of one carried by summaries
+    (segments), reduced to what training reads: its turns (env.Turn's prompt_ids, tokens, logprobs,
+    routes), the advantage of its episode, the tokens its whole episode wrote (token_weights'
+    per-sequence normaliser) and its share of its episode (1 / segments: the sequences a step counts
+    are episodes)."""
+    turns: list
+    adv: float = 0.0
+    episode_tokens: int = 0
+    share: float = 1.0
 
 
 def n_generated(s):
-    return sum(len(t["tokens"]) for t in turns_of(s))
+    """The tokens the model wrote in an episode or a Sequence (every turn's)."""
+    return sum(len(t.tokens) for t in s.turns)
 
 
 def tool_calls(actions):
     """The tool calls among a tool episode's actions (env.Tools): every action but a malformed one."""
-    return sum(a["error"] != "format" for a in actions)
+    return sum(a.error != "format" for a in actions)
 
 
-def length_units(s, call_tokens, turn_tokens):
+def length_units(e, call_tokens, turn_tokens):
     """The length the length cost counts: every generated token; a tool episode (--agent, with
-    "actions") adds call_tokens per tool call (malformed actions excepted) and turn_tokens per turn
+    actions) adds call_tokens per tool call (malformed actions excepted) and turn_tokens per turn
     after the first (Composer 2: a weighted count of tokens, tool calls and turns). A sample or a
     --turns episode counts its tokens alone."""
-    if "actions" not in s:
-        return n_generated(s)
-    return n_generated(s) + call_tokens * tool_calls(s["actions"]) + turn_tokens * (len(turns_of(s)) - 1)
+    if not e.actions:
+        return n_generated(e)
+    return n_generated(e) + call_tokens * tool_calls(e.actions) + turn_tokens * (len(e.turns) - 1)
 
 
-def segments(s):
-    """A tool episode carried by summaries (env.Tools, memory "summary") -> its training sequences, one
-    per segment: the turns from one fresh context to the next (the first turn's prompt_ids are that
-    context, the issue and the summaries so far, fed; the summary that ends a segment is its last
-    turn, a target). Each is a sample of its own with the episode's keys ("adv" among them, so every
-    segment gets the episode's advantage), "episode_tokens": the tokens the model wrote in the whole
-    episode (token_weights' per-sequence normaliser: a segment is not normalised alone) and "share":
-    1 / segments (the sequences a step counts are episodes). An episode without one is itself."""
-    turns = turns_of(s)
-    if not any(t.get("segment") for t in turns):
-        return [s]
+def segments(e):
+    """An episode -> its training Sequences. One, unless it is a tool episode carried by summaries
+    (env.Tools, memory "summary"): then one per segment, the turns from one fresh context to the next
+    (the first turn's prompt_ids are that context, the issue and the summaries so far, fed; the
+    summary that ends a segment is its last turn, a target). Every segment gets the episode's
+    advantage, is normalised over the tokens of the whole episode (episode_tokens), and counts as
+    1 / segments of a sequence (share)."""
     parts = {}
-    for t in turns:
-        parts.setdefault(t["segment"], []).append(t)
-    rest = {k: v for k, v in s.items() if k != "turns"}
-    return [{**rest, "turns": p, "episode_tokens": n_generated(s), "share": 1 / len(parts)}
-            for p in parts.values()]
+    for t in e.turns:
+        parts.setdefault(t.segment, []).append(t)
+    return [Sequence(p, episode_tokens=n_generated(e), share=1 / len(parts)) for p in parts.values()]
 
 
 def flatten(s):
-    """A sample or episode -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1], the
-    column whose prediction is each generated token, the generated tokens, their logprobs). Feedback
-    tokens are fed, never targets: the loss covers only what the model wrote, in every turn."""
+    """An episode or a Sequence -> (ids fed to the model: per turn its prompt/feedback + tokens[:-1],
+    the column whose prediction is each generated token, the generated tokens, their logprobs).
+    Feedback tokens are fed, never targets: the loss covers only what the model wrote, in every turn."""
     ids, cols, tokens, lps = [], [], [], []
-    for t in turns_of(s):
-        start = len(ids) + len(t["prompt_ids"]) - 1
-        ids += t["prompt_ids"] + t["tokens"][:-1]
-        cols += range(start, start + len(t["tokens"]))
-        tokens += t["tokens"]
-        lps += t["logprobs"]
+    for t in s.turns:
+        start = len(ids) + len(t.prompt_ids) - 1
+        ids += t.prompt_ids + t.tokens[:-1]
+        cols += range(start, start + len(t.tokens))
+        tokens += t.tokens
+        lps += t.logprobs
     return ids, cols, tokens, lps
 
 
 def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
-    """Sample dicts (engine.sample_completions) or episodes (engine.run_episodes) -> idx (B, T), targets
-    (B, T) with -1 on prompt, feedback and padding (the loss mask: generated tokens only), old
-    logprobs (B, T), routes (n_moe_layers, B, T, top_k) or None, valid (B, T) bool (real tokens, not
-    padding: the MoE counts only those as expert load). idx = flatten()'s ids, right-padded."""
+    """Episodes or Sequences -> idx (B, T), targets (B, T) with -1 on prompt, feedback and padding (the
+    loss mask: generated tokens only), old logprobs (B, T), routes (n_moe_layers, B, T, top_k) or None,
+    valid (B, T) bool (real tokens, not padding: the MoE counts only those as expert load). idx =
+    flatten()'s ids, right-padded."""
     flat = [flatten(s) for s in samples]
     B, T = len(samples), max(len(f[0]) for f in flat)
     idx = torch.full((B, T), pad_id, dtype=torch.long)
@@ -183,7 +187,7 @@ def collate(samples, pad_id, n_moe_layers, top_k, with_routes):
         old[i, cols] = torch.tensor(lps)
         valid[i, :len(ids)] = True
         if with_routes:   # padding keeps expert 0: it is computed but, not being valid, never counted
-            routes[:, i, :len(ids)] = torch.cat([t["routes"] for t in turns_of(s)], 1)
+            routes[:, i, :len(ids)] = torch.cat([t.routes for t in s.turns], 1)
     return idx, tgt, old, routes, valid
 
 
@@ -191,14 +195,14 @@ def group_rows(samples):
     """Indices of the samples that share a prompt (a group, single-turn), one list per prompt."""
     rows = {}
     for i, s in enumerate(samples):
-        rows.setdefault(tuple(s["prompt_ids"]), []).append(i)
+        rows.setdefault(tuple(s.turns[0].prompt_ids), []).append(i)
     return list(rows.values())
 
 
 def packed_len(samples):
     """Positions pack_groups feeds for these samples: each prompt once, each sample's tokens[:-1]."""
-    return sum(len(samples[r[0]]["prompt_ids"]) for r in group_rows(samples)) + \
-        sum(len(s["tokens"]) - 1 for s in samples)
+    return sum(len(samples[r[0]].turns[0].prompt_ids) for r in group_rows(samples)) + \
+        sum(len(s.turns[0].tokens) - 1 for s in samples)
 
 
 def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
@@ -211,9 +215,9 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
     Returns idx, tgt, old, routes, valid as collate does, except that tgt and old are (B, N), one
     row per sample (N = most tokens), and a layout for token_logprobs: pos, seg (R, T: which part
     of the row a position belongs to; block_mask makes the mask of it), src."""
-    rows = group_rows(samples)
-    T = max(packed_len([samples[i] for i in r]) for r in rows)
-    R, N = len(rows), max(len(s["tokens"]) for s in samples)
+    rows, samples = group_rows(samples), [s.turns[0] for s in samples]   # single-turn: one turn each
+    T = max(len(samples[r[0]].prompt_ids) + sum(len(samples[i].tokens) - 1 for i in r) for r in rows)
+    R, N = len(rows), max(len(s.tokens) for s in samples)
     idx = torch.full((R, T), pad_id, dtype=torch.long)
     pos = torch.zeros(R, T, dtype=torch.long)
     seg = torch.full((R, T), -1, dtype=torch.long)      # 0: the prompt, j + 1: sample j's tokens, -1: padding
@@ -222,21 +226,21 @@ def pack_groups(samples, pad_id, n_moe_layers, top_k, with_routes):
     old = torch.zeros(len(samples), N)
     routes = torch.zeros(n_moe_layers, R, T, top_k, dtype=torch.long) if with_routes else None
     for r, members in enumerate(rows):
-        prompt = samples[members[0]]["prompt_ids"]
+        prompt = samples[members[0]].prompt_ids
         L = len(prompt)
         idx[r, :L], pos[r, :L], seg[r, :L] = torch.tensor(prompt), torch.arange(L), 0
         if with_routes:
-            routes[:, r, :L] = samples[members[0]]["routes"][:, :L]
+            routes[:, r, :L] = samples[members[0]].routes[:, :L]
         at = L
         for j, i in enumerate(members):
-            s, n = samples[i], len(samples[i]["tokens"])
+            s, n = samples[i], len(samples[i].tokens)
             fed = slice(at, at + n - 1)
-            idx[r, fed], pos[r, fed], seg[r, fed] = torch.tensor(s["tokens"][:-1], dtype=torch.long), \
+            idx[r, fed], pos[r, fed], seg[r, fed] = torch.tensor(s.tokens[:-1], dtype=torch.long), \
                 torch.arange(L, L + n - 1), j + 1
             src[i, :n] = r * T + torch.tensor([L - 1] + list(range(at, at + n - 1)))
-            tgt[i, :n], old[i, :n] = torch.tensor(s["tokens"]), torch.tensor(s["logprobs"])
+            tgt[i, :n], old[i, :n] = torch.tensor(s.tokens), torch.tensor(s.logprobs)
             if with_routes:
-                routes[:, r, fed] = s["routes"][:, L:L + n - 1]
+                routes[:, r, fed] = s.routes[:, L:L + n - 1]
             at += n - 1
     return idx, tgt, old, routes, seg >= 0, {"pos": pos, "seg": seg, "src": src}
 
@@ -282,13 +286,13 @@ def batch_tensors(samples, pad_id, n_moe_layers, top_k, with_routes, pack):
     else:
         batch = Batch(*collate(samples, pad_id, n_moe_layers, top_k, with_routes), {})
     batch.layout["at"] = (batch.tgt >= 0).flatten().nonzero().squeeze(1)
-    return batch._replace(seqs=sum(s.get("share", 1.0) for s in samples), seq_tokens=torch.tensor(
-        [s.get("episode_tokens", n_generated(s)) for s in samples], dtype=torch.float32))
+    return batch._replace(seqs=sum(s.share for s in samples), seq_tokens=torch.tensor(
+        [s.episode_tokens for s in samples], dtype=torch.float32))
 
 
 def token_logprobs(model, idx, tgt, routes, temperature, valid=None, pos=None, seg=None, src=None, at=None):
     """log pi(token) of every target (tgt >= 0; 0 elsewhere) under softmax(logits / T), the
-    distribution generation sampled from (engine.generate's logprobs; T = 0 is greedy: plain
+    distribution generation sampled from (sampling.reference's logprobs; T = 0 is greedy: plain
     softmax), and the policy's entropy there. Only the positions that predict a target go through
     the LM head and the softmax: no other position's logits enter the loss.
     valid (B, T) bool: the real tokens (collate's), the only ones counted as MoE expert load.

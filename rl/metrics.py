@@ -17,12 +17,39 @@ from tqdm import tqdm
 
 from infra import common
 import env
+from sandbox.pool import OUTCOMES
+
+
+class Stats(Counter):
+    """One step's statistics on this rank, every key declared by new_stats (and documented there). A
+    key new_stats does not declare raises: a misspelt key never starts a counter of its own."""
+    def __missing__(self, key):
+        raise KeyError(f"{key!r} is not a statistic of rl.metrics.new_stats")
+
+
+ONCE = ("lr", "trained_seqs", "grad_norm", "len_max", "moe")   # set once a step, never summed over ranks
 
 
 def new_stats(args):
-    """Every statistic a step sums, at 0: each rank reduces the same keys in the same order, even a
-    rank whose samples were all sandbox errors or that had no group to train on."""
-    keys = [f"outcome/{o}" for o in env.OUTCOMES] + [f"hack/{k}" for k in env.HACK_PATTERNS]
+    """Every statistic a step keeps, at 0: each rank reduces the same keys in the same order, even a
+    rank whose samples were all sandbox errors or that had no group to train on. Summed over the
+    step's rounds and over ranks (reduce_stats):
+      outcome/O, hack/P      first attempts' sandbox outcomes; suspicious constructs in all the model wrote
+      K_eE                   per PPO epoch E: loss, tokens, clip, entropy, kl_old, mismatch over the
+                             trained tokens (micro_batch_loss)
+      passes, n_scored, reward_sum, kl_ref_sum   first attempts (rollouts.rewards)
+      groups, zero_var_groups, groups/dL, signal/dL   scored groups, and those with signal, per level
+      rounds, queued_groups  sampling rounds; groups trained from the queue
+      len_sum, len_n, turns_sum, tool_calls_sum, format_errors_sum   what first attempts wrote
+      canary_passes, canary_samples   the reward-hack probe (train_rl.score_canary)
+      gen_s, sandbox_s, train_s, prefilter_s   seconds (means over ranks)
+      prefilter_n, prefilter_kept, prefilter_all   --prefilter's predicted odds
+      repair_roots, repair_n, repair_passes, repair_repeats   --repair-groups
+      long_n, long_passes, summaries_sum, summary_tokens_sum, over_cap, facts_read, facts_kept
+                             --agent's long tasks: the summaries, their cap, the facts they keep
+    Set once (ONCE): lr, trained_seqs, grad_norm, len_max (the max over ranks), moe (the router's
+    figures, model.moe_metrics)."""
+    keys = [f"outcome/{o}" for o in OUTCOMES] + [f"hack/{k}" for k in env.HACK_PATTERNS]
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
@@ -32,12 +59,12 @@ def new_stats(args):
              "format_errors_sum", "long_n", "long_passes", "summaries_sum", "summary_tokens_sum", "over_cap",
              "facts_read", "facts_kept"]
     keys += [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
-    return Counter(dict.fromkeys(keys, 0))
+    return Stats({**dict.fromkeys(keys + list(ONCE), 0), "moe": {}})
 
 
 def reduce_stats(ctx, stats):
     """Sums over ranks of the summable statistics (time and rounds become means over ranks)."""
-    names = sorted(k for k in new_stats(ctx.args))
+    names = sorted(k for k in new_stats(ctx.args) if k not in ONCE)
     v = torch.tensor([float(stats[k]) for k in names], dtype=torch.float64)
     len_max = torch.tensor(float(stats["len_max"]))
     if ctx.ddp:

@@ -1,24 +1,24 @@
 """
 The sampling half of an RL step: what train_rl.sample_round calls in each sampling round, in this order
 
-    tasks, keys = rollouts.draw_tasks(ctx, need, stats)             # the train stream's next tasks
-    samples, results = ctx.rollout(ctx, tasks, keys, seed, stats)   # sample, with sandbox verdicts
+    tasks = rollouts.draw_tasks(ctx, need, stats)                   # the train stream's next tasks
+    samples, results = ctx.rollout(ctx, tasks, seed, stats)         # sample, with sandbox verdicts
     correct, reward = rollouts.rewards(ctx, scored, stats)          # reward
     adv, keep = group_advantages(reward, groups, ...)               # advantage (rl/algo.py)
     rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
     groups = rollouts.signal_groups(scored, adv, keep)              # the groups to train on
 
 ctx.rollout is one of the three rollout functions below, chosen once by train_rl.setup. Each takes
-(ctx, tasks, stream keys, seed, stats) and returns (samples, results): the samples to train on, each
+(ctx, tasks, seed, stats) and returns (samples, results): the samples to train on, each
 labelled with its "group", and the sandbox verdicts that reward them; seed (a Seed) names the
 random stream (rng).
-  single_turn    G completions per task (one-turn episodes of engine.run_episodes)
-  episodes       --turns N: G episodes per task, one sample = one episode (engine.run_episodes)
+  single_turn    G completions per task (one-turn episodes of env.run_episodes)
+  episodes       --turns N: G episodes per task, one sample = one episode (env.run_episodes)
   repair_groups  --repair-groups: single_turn, plus G repairs of one failed attempt per task
   tool_episodes  --agent: G episodes per repository task, worked through tools (env.Tools)
 Every function takes train_rl.setup's namespace `ctx` (args, model, tokenizer, sandbox pool, task
 stream, resumable state; a tool may pass just the fields a function reads, as
-experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
+lab/experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
 (rl.metrics.new_stats).
 """
 import dataclasses
@@ -28,10 +28,9 @@ from collections import namedtuple
 import torch
 
 from infra import common
-from infra import engine
 import env
-from rl.algo import (collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated, segments,
-                     token_logprobs, tool_calls, turns_of)
+from rl.algo import (Sequence, collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated,
+                     segments, token_logprobs, tool_calls)
 from data.repos import generate_agent_tasks
 from data.tasks import generate_tasks
 
@@ -42,11 +41,10 @@ from data.tasks import generate_tasks
 def draw_tasks(ctx, need, stats):
     """The tasks of one sampling round when `need` of this rank's groups are missing: `need` tasks,
     or with --dynamic-sampling the rank's whole share of the batch (a refill of a few tasks would
-    generate slowly; the groups left over wait in the queue). Returns (tasks, stream keys)."""
+    generate slowly; the groups left over wait in the queue)."""
     args = ctx.args
     n = max(need, ctx.per_rank) if args.dynamic_sampling else need
-    tasks, keys = next_tasks(ctx, n * args.prefilter)
-    return prefilter(ctx, tasks, keys, n, stats)   # --prefilter K (this project's): keep the likeliest n
+    return prefilter(ctx, next_tasks(ctx, n * args.prefilter), n, stats)   # --prefilter K: the likeliest n
 
 
 def rewards(ctx, scored, stats):
@@ -56,7 +54,7 @@ def rewards(ctx, scored, stats):
     reward (--kl-coef). Returns (correctness, shaped reward), float64 tensors."""
     args = ctx.args
     # the pass rate, reward and KL recorded are of first attempts
-    first = torch.tensor([not s.get("repair") for s, _ in scored], dtype=torch.bool)
+    first = torch.tensor([not s.repair for s, _ in scored], dtype=torch.bool)
     correct = torch.tensor([float(r.reward) for _, r in scored], dtype=torch.float64)
     reward = correct.clone()
     if args.len_penalty:
@@ -80,21 +78,21 @@ def tally_samples(tasks, samples, results, scored, keep, stats):
     groups of the scored samples and those with signal (keep), overall and per difficulty level
     (which levels of the train mix carry the signal)."""
     for s, r in zip(samples, results):
-        for t in turns_of(s):
-            for k, v in env.hack_counts(t["completion"]).items():
+        for t in s.turns:
+            for k, v in env.hack_counts(t.completion).items():
                 stats[f"hack/{k}"] += v
-        if s.get("repair"):
+        if s.repair:
             continue
         stats[f"outcome/{r.outcome}"] += 1
         stats["len_sum"] += n_generated(s)
         stats["len_n"] += 1
         stats["len_max"] = max(stats["len_max"], n_generated(s))
-        stats["turns_sum"] += len(turns_of(s))
-        if "actions" in s:                    # --agent: the tool calls, and the malformed actions
-            stats["tool_calls_sum"] += tool_calls(s["actions"])
-            stats["format_errors_sum"] += len(s["actions"]) - tool_calls(s["actions"])
-    level = {s["group"]: tasks[s["task_idx"]].difficulty for s, _ in scored}
-    signal = {s["group"] for (s, _), k in zip(scored, keep.tolist()) if k}
+        stats["turns_sum"] += len(s.turns)
+        if s.actions:                         # --agent: the tool calls, and the malformed actions
+            stats["tool_calls_sum"] += tool_calls(s.actions)
+            stats["format_errors_sum"] += len(s.actions) - tool_calls(s.actions)
+    level = {s.group: tasks[s.task_idx].difficulty for s, _ in scored}
+    signal = {s.group for (s, _), k in zip(scored, keep.tolist()) if k}
     stats["groups"] += len(level)
     stats["zero_var_groups"] += len(level) - len(signal)
     for g, d in level.items():
@@ -104,61 +102,55 @@ def tally_samples(tasks, samples, results, scored, keep, stats):
 
 def signal_groups(scored, adv, keep):
     """The groups worth training on (keep), in task order (a task's repairs after it): each a list of
-    its samples with their "adv", reduced to what training needs (queued groups go into the
-    checkpoint)."""
-    groups, needed = {}, ("prompt_ids", "tokens", "logprobs", "routes")
-    for (s, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
+    its training Sequences (rl.algo.segments) with their advantage, reduced to what training reads
+    (queued groups go into the checkpoint)."""
+    groups = {}
+    for (e, _), a, k in zip(scored, adv.tolist(), keep.tolist()):
         if not k:
             continue
-        key = (s["task_idx"], bool(s.get("repair")), s["group"])
-        for seg in segments(s):     # an episode carried by summaries: a sequence per segment, one advantage
-            part = {"turns": [{x: t.get(x) for x in needed} for t in seg["turns"]]} if "turns" in seg else \
-                {x: seg.get(x) for x in needed}
-            extra = {x: seg[x] for x in ("episode_tokens", "share") if x in seg}
-            groups.setdefault(key, []).append({**part, **extra, "adv": a})
+        for seg in segments(e):     # an episode carried by summaries: a sequence per segment, one advantage
+            seg.turns = [env.Turn(t.prompt_ids, t.tokens, t.logprobs, routes=t.routes) for t in seg.turns]
+            seg.adv = a
+            groups.setdefault((e.task_idx, e.repair, e.group), []).append(seg)
     return [groups[g] for g in sorted(groups)]
 
 
 # ---------------------------------------------------------------------------------------------
-# Rollout functions: (ctx, tasks, keys, seed, stats) -> (samples, sandbox results)
+# Rollout functions: (ctx, tasks, seed, stats) -> (samples, sandbox results)
 
-def single_turn(ctx, tasks, keys, seed, stats):
-    """G completions per task: one-turn episodes of the shared loop (engine.run_episodes with
+def single_turn(ctx, tasks, seed, stats):
+    """G completions per task: one-turn episodes of the shared loop (env.run_episodes with
     env.Feedback(1): env's prompt, generation, the cut body, the hidden tests, as eval.py samples),
     --gen-batch rows per generate() call, each batch judged in the sandbox while the next one is
     generated (no overlap when one call holds the whole round, as in the cpu preset)."""
     t0, tools = time.time(), env.Feedback(1, ctx.args.fractional)
-    run = lambda part, generator: engine.run_episodes(ctx.model, ctx.tok, part, tools=tools, pool=ctx.pool,
-                                                      generator=generator, **sampling_kw(ctx))
-    if ctx.args.sample_seeding == "task":  # one RNG per stream index: samples independent of the rank layout
-        eps = [{**e, "task_idx": i} for i, (task, key) in enumerate(zip(tasks, keys))
-               for e in run([task], rng(ctx, Seed(task=key, part="task")))]
-    else:
-        eps = run(tasks, rng(ctx, seed))
-    samples = [{**e["turns"][0], "task_idx": e["task_idx"], "group": e["task_idx"]} for e in eps]
-    stats["gen_s"] += time.time() - t0 - tools.wait_s    # a task's G samples are its group
+    eps = env.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
+                           **sampling_kw(ctx))
+    for e in eps:
+        e.group = e.task_idx                  # a task's G samples are its group
+    stats["gen_s"] += time.time() - t0 - tools.wait_s
     stats["sandbox_s"] += tools.wait_s
-    return samples, [e["result"] for e in eps]
+    return eps, [e.result for e in eps]
 
 
-def episodes(ctx, tasks, keys, seed, stats):
-    """--turns N: G episodes per task (engine.run_episodes: an attempt, the feedback of a failed
+def episodes(ctx, tasks, seed, stats):
+    """--turns N: G episodes per task (env.run_episodes: an attempt, the feedback of a failed
     visible example, another attempt, up to N). One sample = one episode, rewarded by its last
     attempt's hidden tests; the loss covers every turn the model wrote (rl.algo.flatten)."""
     t0 = time.time()
     tools = env.Feedback(ctx.args.turns, ctx.args.fractional)
-    eps = engine.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
+    eps = env.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
                               **sampling_kw(ctx))
     stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
     for e in eps:
-        e["group"] = e["task_idx"]            # a task's G episodes are its group
-    return eps, [e["result"] for e in eps]
+        e.group = e.task_idx                  # a task's G episodes are its group
+    return eps, [e.result for e in eps]
 
 
-def tool_episodes(ctx, tasks, keys, seed, stats):
+def tool_episodes(ctx, tasks, seed, stats):
     """--agent: G episodes per repository task (data/repos.py) in the agent's harness, env.Tools: one
     action per turn (ls, read, edit, test, submit) on the episode's own copy of the repository, the
-    observation fed back, up to the step limit (engine.run_episodes, as eval.py and agent.py run it).
+    observation fed back, up to the step limit (env.run_episodes, as eval.py and agent.py run it).
     One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
     covers every token the model wrote in every turn, none of the observations (rl.algo.flatten).
     Long tasks (a share of the stream, train_rl.FIXED long_share) run in env.long_tools(): when the
@@ -171,51 +163,53 @@ def tool_episodes(ctx, tasks, keys, seed, stats):
     for tools, idx, part in ((env.Tools(), [i for i in range(len(tasks)) if i not in long], "rollout"),
                              (env.long_tools(), sorted(long), "long")):
         if idx:
-            run = engine.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in idx], tools=tools, pool=ctx.pool,
+            run = env.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in idx], tools=tools, pool=ctx.pool,
                                       generator=rng(ctx, seed._replace(part=part)), **sampling_kw(ctx))
-            eps += [{**e, "task_idx": idx[e["task_idx"]]} for e in run]
+            for e in run:
+                e.task_idx = idx[e.task_idx]
+            eps += run
     stats["gen_s"] += time.time() - t0     # the tools' test runs happen between turns: counted as generation
-    eps.sort(key=lambda e: e["task_idx"])
+    eps.sort(key=lambda e: e.task_idx)
     for e in eps:
-        e["group"] = e["task_idx"]            # a task's G episodes are its group
-        if e["task_idx"] in long:
-            over_cap(ctx.args, tasks[e["task_idx"]], e, stats)
-    return eps, [e["result"] for e in eps]
+        e.group = e.task_idx                  # a task's G episodes are its group
+        if e.task_idx in long:
+            over_cap(ctx.args, tasks[e.task_idx], e, stats)
+    return eps, [e.result for e in eps]
 
 
 def over_cap(args, task, e, stats):
     """A long episode's summary statistics, and --over-cap: an episode that ran past the summary cap is
     masked (left out of its group: no advantage, no loss) or scored as a failure (reward 0)."""
     stats["long_n"] += 1
-    stats["long_passes"] += e["result"].passed
-    stats["summaries_sum"] += len(e["summaries"])
-    stats["summary_tokens_sum"] += sum(map(len, e["summaries"]))
+    stats["long_passes"] += e.result.passed
+    stats["summaries_sum"] += len(e.summaries)
+    stats["summary_tokens_sum"] += sum(map(len, e.summaries))
     read, kept = env.fact_retention(task, e)
     stats["facts_read"] += read
     stats["facts_kept"] += kept
-    if e["end"] != "summary_cap":
+    if e.end != "summary_cap":
         return
     stats["over_cap"] += 1
     if args.over_cap == "mask":
-        e["masked"] = True
-    elif e["result"].outcome != "sandbox_error":
-        e["result"] = dataclasses.replace(e["result"], reward=0.0, passed=False, outcome="over_cap")
+        e.masked = True
+    elif e.result.outcome != "sandbox_error":
+        e.result = dataclasses.replace(e.result, reward=0.0, passed=False, outcome="over_cap")
 
 
-def repair_groups(ctx, tasks, keys, seed, stats):
+def repair_groups(ctx, tasks, seed, stats):
     """--repair-groups: the self-repair tree of Olausson et al. 2023 ("Is Self-Repair a Silver Bullet
     for Code Generation?": n_p first attempts, n_fr repairs of each failed one) inside the RL batch.
     single_turn's G first attempts per task, then G repairs of one failed attempt (sample_repairs),
     marked "repair": the repairs read the same failure, so their own group ranks repairs of one
     failure against each other."""
-    samples, results = single_turn(ctx, tasks, keys, seed, stats)
+    samples, results = single_turn(ctx, tasks, seed, stats)
     repairs, verdicts = sample_repairs(ctx, tasks, samples, results, seed, stats)
     return samples + repairs, results + verdicts
 
 
 def sample_repairs(ctx, tasks, samples, results, seed, stats):
     """G repairs of each root (repair_roots), sampled from the second turn's context
-    (engine.repair_prompt: the prompt, the failed attempt, its feedback). Only tasks that a first
+    (env.repair_prompt: the prompt, the failed attempt, its feedback). Only tasks that a first
     attempt solved are branched: there the policy can write a passing program, so a group of
     repairs can be mixed (one that all fail carries no signal, and its sampling is spent). A repair
     that resubmits its root's code unchanged is marked "repeat" (the "no edit" collapse SCoRe
@@ -224,20 +218,20 @@ def sample_repairs(ctx, tasks, samples, results, seed, stats):
     t0, tools = time.time(), env.Feedback(1, ctx.args.fractional)
     roots = repair_roots(ctx, tasks, samples, results)     # its visible-example runs count as generation
     parents = sorted(roots)
-    eps = engine.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in parents], tools=tools, pool=ctx.pool,
+    eps = env.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in parents], tools=tools, pool=ctx.pool,
                               generator=rng(ctx, seed._replace(part="repair")),
                               prompts=[roots[i][0] for i in parents], **sampling_kw(ctx))
-    repairs, out = [e["turns"][0] for e in eps], [e["result"] for e in eps]
+    repairs, out = eps, [e.result for e in eps]
     for s in repairs:   # the G repairs of one failure are a group of their own, after the first attempts'
-        s["task_idx"], s["repair"] = parents[s["task_idx"]], True
-        s["group"] = len(tasks) + s["task_idx"]
-        s["repeat"] = engine.resubmits(s, roots[s["task_idx"]][1])
+        s.task_idx, s.repair = parents[s.task_idx], True
+        s.group = len(tasks) + s.task_idx
+        s.repeat = env.resubmits(s.turns[0], roots[s.task_idx][1].turns[0])
     stats["gen_s"] += time.time() - t0 - tools.wait_s
     stats["sandbox_s"] += tools.wait_s
     stats["repair_roots"] += len(parents)
     stats["repair_n"] += len(out)
     stats["repair_passes"] += sum(r.passed for r in out)
-    stats["repair_repeats"] += sum(s["repeat"] for s in repairs)
+    stats["repair_repeats"] += sum(s.repeat for s in repairs)
     return repairs, out
 
 
@@ -245,17 +239,18 @@ def repair_roots(ctx, tasks, samples, results):
     """{task index: (the context its repairs are sampled from, the failed attempt)} for
     sample_repairs: in each task that a first attempt solved, the first attempt that fails its hidden
     tests and a visible example, if another turn after it fits the context."""
-    solved = {s["task_idx"] for s, r in zip(samples, results) if r.passed}
+    solved = {s.task_idx for s, r in zip(samples, results) if r.passed}
     visible = {i: env.visible_task(tasks[i]) for i in solved}     # parsed once per task, not per sample
-    cands = [s for s, r in zip(samples, results) if visible.get(s["task_idx"]) is not None and not r.passed
+    cands = [s for s, r in zip(samples, results) if visible.get(s.task_idx) is not None and not r.passed
              and r.outcome != "sandbox_error"]
-    seen = ctx.pool.run_batch([visible[s["task_idx"]] for s in cands], [s["completion"] for s in cands])
+    seen = ctx.pool.run_batch(env.runs([visible[s.task_idx] for s in cands],
+                                       [s.turns[0].completion for s in cands]))
     roots = {}
     for s, v in zip(cands, seen):
-        i = s["task_idx"]
+        i = s.task_idx
         if i in roots or v.passed or v.outcome == "sandbox_error":
             continue
-        ids = engine.repair_prompt(ctx.tok, tasks[i], s, v)
+        ids = env.repair_prompt(ctx.tok, tasks[i], s.turns[0], v)
         if len(ids) + ctx.args.max_new_tokens <= ctx.model.config.seq_len:
             roots[i] = ids, s
     return roots
@@ -270,16 +265,15 @@ def sampling_kw(ctx):
 
 # The sampler's random streams: one per (run, step, sampling round, rank, part), each part a prime
 # apart, so that no two streams of a run draw the same numbers.
-Seed = namedtuple("Seed", "step round rank task part", defaults=(0, 0, 0, 0, "rollout"))
+Seed = namedtuple("Seed", "step round rank part", defaults=(0, 0, 0, "rollout"))
 RUN, STEP, ROUND = 1_000_003, 7919, 104_729
 PART = {"rollout": 0, "canary": 3, "repair": 15_485_863,   # the canary's group, the repairs of a failure
-        "task": 0,                                          # sample_seeding "task": one stream per task key
         "long": 32_452_843}                                 # --agent's long tasks
 
 
 def rng(ctx, seed):
     """The generator of stream `seed` (a Seed) under --seed."""
-    x = STEP * seed.step + ROUND * seed.round + seed.rank + seed.task + PART[seed.part]
+    x = STEP * seed.step + ROUND * seed.round + seed.rank + PART[seed.part]
     return torch.Generator(device=ctx.device).manual_seed((ctx.args.seed * RUN + x) % 2**62)
 
 
@@ -289,7 +283,7 @@ def rng(ctx, seed):
 def next_tasks(ctx, n):
     """This rank's next n tasks of the train stream, never revisited (single epoch). Rank r takes
     items r, r + W, r + 2W, ...: the union over ranks of the first B/W each is the first B items,
-    the same global batch as one process. Returns (tasks, stream indices)."""
+    the same global batch as one process."""
     pos = ctx.state["stream_pos"]
     keys = [ctx.rank + ctx.world * j for j in range(pos, pos + n)]
     make = agent_stream(ctx.args) if ctx.args.agent else generate_tasks
@@ -297,7 +291,7 @@ def next_tasks(ctx, n):
         ctx.stream += make("train", len(ctx.stream), seed=ctx.args.task_seed, difficulties=ctx.levels,
                            start=len(ctx.stream))
     ctx.state["stream_pos"] = pos + n
-    return [ctx.stream[k] for k in keys], keys
+    return [ctx.stream[k] for k in keys]
 
 
 def agent_stream(args):
@@ -305,18 +299,18 @@ def agent_stream(args):
     return lambda *a, **kw: generate_agent_tasks(*a, **kw, long_share=args.long_share)
 
 
-def prefilter(ctx, tasks, keys, n, stats):
+def prefilter(ctx, tasks, n, stats):
     """Online difficulty filtering (--prefilter K): train tasks never repeat, so a task's own pass
     rate is unknown until its group is sampled; predict it instead. One teacher-forced forward pass
     gives q, the policy's probability of each candidate's reference solution, and the n candidates
     with the highest mixed_group_odds(log q, G) are kept (in stream order). A dropped task is not
-    revisited. Returns (tasks, keys)."""
+    revisited."""
     if len(tasks) <= n:
-        return tasks, keys
+        return tasks
     t0, tok = time.time(), ctx.tok
-    prompts, _ = engine.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
+    prompts, _ = env.encode_prompts(ctx.model, tok, tasks, ctx.args.max_new_tokens)
     bodies = [(tok.encode(t.solution or "") + [tok.eot_id])[:ctx.args.max_new_tokens] for t in tasks]
-    refs = [{"prompt_ids": p, "tokens": b, "logprobs": [0.0] * len(b)} for p, b in zip(prompts, bodies)]
+    refs = [Sequence([env.Turn(p, b, [0.0] * len(b))]) for p, b in zip(prompts, bodies)]
     was_training = ctx.model.training
     ctx.model.eval()
     logq = torch.cat([lp.sum(-1).double().cpu() for _, _, lp in teacher_forced(ctx, ctx.model, refs)])
@@ -327,7 +321,7 @@ def prefilter(ctx, tasks, keys, n, stats):
     stats["prefilter_n"] += n                      # predicted odds of the kept tasks against all candidates
     stats["prefilter_kept"] += odds[likeliest].sum().item()
     stats["prefilter_all"] += odds.mean().item() * n
-    return [tasks[i] for i in likeliest], [keys[i] for i in likeliest]
+    return [tasks[i] for i in likeliest]
 
 
 # ---------------------------------------------------------------------------------------------

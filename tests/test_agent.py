@@ -15,10 +15,11 @@ sys.path.insert(0, ROOT)
 import agent  # noqa: E402
 from infra import common  # noqa: E402
 import env  # noqa: E402
-from infra import engine, fast  # noqa: E402
+from sandbox.pool import Result  # noqa: E402
+import sampling  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from data.tasks import Task, generate_tasks, load_humaneval  # noqa: E402
-from data.tokenizer import train_tokenizer  # noqa: E402
+from tokenizer import train_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,9 @@ def test_two_streams_are_generate_retiring_per_share():
 
     def per_share(prompts, n, seed, past=None):
         seeds = torch.randint(0, 2 ** 62, (2,), generator=torch.Generator().manual_seed(seed)).tolist()
-        with fast.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
+        with sampling.cpu_threads(1):   # as the streams run (the thread count moves float rounding)
             return [o for (a, b), s in zip([(0, 24), (24, 48)], seeds)
-                    for o in fast.generate_retiring(model, prompts[a:b], n, generator=torch.Generator().manual_seed(s),
+                    for o in sampling.retiring(model, prompts[a:b], n, generator=torch.Generator().manual_seed(s),
                                             past=past[a:b] if past else None, **kw)]
 
     def same(got, want):
@@ -61,17 +62,17 @@ def test_two_streams_are_generate_retiring_per_share():
             assert torch.equal(x["routes"], y["routes"]) and torch.equal(x["past"], y["past"])
     g = torch.Generator()
     for _ in range(3):   # threads interleave differently each time
-        first = fast.generate(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
+        first = sampling.generate(model, prompts, 8, streams=2, generator=g.manual_seed(0), **kw)
         same(first, per_share(prompts, 8, 0))
     feeds = [[7, 7]] * 48
     pasts = [o["past"] for o in first]
-    same(fast.generate(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
+    same(sampling.generate(model, feeds, 5, streams=2, generator=g.manual_seed(1), past=pasts, **kw),
          per_share(feeds, 5, 1, pasts))
     # under 16 rows per stream, or one prompt only (one share): plain generate with the caller's generator
     for rows in (prompts[:20], prompts[:1] * 40, prompts[:3]):
-        one = fast.generate(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
-        with fast.cpu_threads(1):
-            assert one == fast.generate_retiring(model, rows, 6, generator=g.manual_seed(2), temperature=1.0)
+        one = sampling.generate(model, rows, 6, streams=2, generator=g.manual_seed(2), temperature=1.0)
+        with sampling.cpu_threads(1):
+            assert one == sampling.retiring(model, rows, 6, generator=g.manual_seed(2), temperature=1.0)
 
 
 def test_visible_tests_are_the_docstring_examples():
@@ -90,7 +91,7 @@ def test_feedback_shows_only_visible_examples(pool):
     """A wrong body's feedback names a failing docstring example, never a hidden input or answer."""
     ts = [t for t in generate_tasks("test", 40, seed=5) if t.outputs[0] != t.inputs[0][0]][:20]
     wrong = "    return " + "{}\n"
-    for t, r in zip(ts, pool.run_batch([env.visible_task(t) for t in ts], [wrong] * len(ts))):
+    for t, r in zip(ts, pool.run_batch(env.runs([env.visible_task(t) for t in ts], [wrong] * len(ts)))):
         assert not r.passed
         fb = env.render_feedback(t, r, wrong)
         k = t.prompt.count(">>> ")
@@ -106,49 +107,49 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
     visible example, and the hidden tests judged every attempt."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 3, env.Feedback(3), pool, temperature=1.0, max_new_tokens=12,
+    eps = env.run_episodes(model, tok, ts, 3, env.Feedback(3), pool, temperature=1.0, max_new_tokens=12,
                               batch_size=8, generator=torch.Generator().manual_seed(0))
-    assert [e["task_idx"] for e in eps] == [i for i in range(6) for _ in range(3)]
-    assert max(len(e["turns"]) for e in eps) == 3                         # a random model fails and retries
+    assert [e.task_idx for e in eps] == [i for i in range(6) for _ in range(3)]
+    assert max(len(e.turns) for e in eps) == 3                         # a random model fails and retries
     for e in eps:
-        t = ts[e["task_idx"]]
-        text = tok.decode([i for i in engine.context_ids(e) if i < tok.eot_id])
-        assert text == env.render_episode(t, [(x["text"], x["feedback"]) for x in e["turns"]])
-        assert len(e["results"]) == len(e["turns"]) and e["result"] is e["results"][-1]
-        assert all(x["feedback"] for x in e["turns"][:-1]) and not e["turns"][-1]["feedback"]
-        for x, r in zip(e["turns"], e["results"]):
-            assert r.outcome == pool.run_batch([t], [x["completion"]])[0].outcome
+        t = ts[e.task_idx]
+        text = tok.decode([i for i in env.context_ids(e) if i < tok.eot_id])
+        assert text == env.render_episode(t, [(x.text, x.feedback) for x in e.turns])
+        assert len(e.results) == len(e.turns) and e.result is e.results[-1]
+        assert all(x.feedback for x in e.turns[:-1]) and not e.turns[-1].feedback
+        for x, r in zip(e.turns, e.results):
+            assert r.outcome == pool.run_batch(env.runs([t], [x.completion]))[0].outcome
     # one turn is exactly generate() on the prompts (same generator, same batches): single-turn sampling
-    one = engine.run_episodes(model, tok, ts, 3, env.Feedback(1), pool, 1.0, 12, batch_size=8,
+    one = env.run_episodes(model, tok, ts, 3, env.Feedback(1), pool, 1.0, 12, batch_size=8,
                               generator=torch.Generator().manual_seed(0))
     prompts = [tok.encode(env.render_prompt(t)) for t in ts for _ in range(3)]
     g = torch.Generator().manual_seed(0)
-    ref = [o for i in range(0, 18, 8) for o in fast.generate(model, prompts[i:i + 8], 12, temperature=1.0,
+    ref = [o for i in range(0, 18, 8) for o in sampling.generate(model, prompts[i:i + 8], 12, temperature=1.0,
                                                              stop_ids=[tok.eot_id], generator=g)]
-    assert [e["turns"][0]["tokens"] for e in one] == [o["tokens"] for o in ref]
-    assert [e["result"].outcome for e in one] == [r.outcome for r in pool.run_batch(
-        [ts[e["task_idx"]] for e in one], [e["turns"][0]["completion"] for e in one])]
+    assert [e.turns[0].tokens for e in one] == [o["tokens"] for o in ref]
+    assert [e.result.outcome for e in one] == [r.outcome for r in pool.run_batch(
+        env.runs([ts[e.task_idx] for e in one], [e.turns[0].completion for e in one]))]
 
 
 def test_repair_prompt_is_what_the_second_turn_reads(tiny, pool):
-    """engine.repair_prompt (the context --repair-groups samples repairs from) is, id for id, what an
+    """env.repair_prompt (the context --repair-groups samples repairs from) is, id for id, what an
     episode's second turn continues from: turn 1's prompt and tokens as its cache holds them, then
     turn 2's feed."""
     model, tok, _ = tiny
     ts = generate_tasks("test", 6, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(2), pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
-    two = [e for e in eps if len(e["turns"]) == 2]
+    eps = env.run_episodes(model, tok, ts, 2, env.Feedback(2), pool, 1.0, 12, generator=torch.Generator().manual_seed(0))
+    two = [e for e in eps if len(e.turns) == 2]
     assert two
     for e in two:
-        t = ts[e["task_idx"]]
-        a, b = e["turns"]
-        seen = pool.run_batch([env.visible_task(t)], [a["completion"]])[0]
-        assert engine.repair_prompt(tok, t, a, seen) == a["prompt_ids"] + a["tokens"][:-1] + b["prompt_ids"]
+        t = ts[e.task_idx]
+        a, b = e.turns
+        seen = pool.run_batch(env.runs([env.visible_task(t)], [a.completion]))[0]
+        assert env.repair_prompt(tok, t, a, seen) == a.prompt_ids + a.tokens[:-1] + b.prompt_ids
 
 
 def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tmp_path, monkeypatch):
     """--repair-groups: in each task a first attempt solved, G repairs branch from the first attempt
-    that fails a visible example, each reading engine.repair_prompt's context; they form a group next
+    that fails a visible example, each reading env.repair_prompt's context; they form a group next
     to their task's, and the training forward over them (their shared context packed once, router
     replay) reproduces the sampler's log-probs. The random model solves nothing, so the test calls
     the first attempt of tasks 0 and 1, and the first repair of each group, a pass."""
@@ -162,7 +163,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     ctx = train_rl.setup(args)
     assert ctx.rollout is rollouts.repair_groups        # chosen once, in setup
     ts = generate_tasks("train", 3, seed=0, difficulties=[1])
-    win = lambda r: env.Result(1.0, True, "pass", "", r.n_tests, r.n_tests)
+    win = lambda r: Result(1.0, True, "pass", "", r.n_tests, r.n_tests)
     first_attempts, branch, seen = rollouts.single_turn, rollouts.sample_repairs, {}
 
     def rigged_attempts(*a):
@@ -178,7 +179,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             return repairs, results
         return repairs, [win(r) if i % 4 == 0 else r for i, r in enumerate(results)]
 
-    find_roots, run = rollouts.repair_roots, rollouts.engine.run_episodes
+    find_roots, run = rollouts.repair_roots, rollouts.env.run_episodes
 
     def recorded_roots(*a):
         seen["roots"] = find_roots(*a)
@@ -190,21 +191,21 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
             parents, step = sorted(seen["roots"]), tools.step
 
             def edited(tok, pool, items, more):
-                for k, (_, _, x) in enumerate(items):
-                    root = seen["roots"][parents[x["task_idx"]]][1]["completion"]
-                    x["completion"] = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
+                for k, (_, e, x) in enumerate(items):
+                    root = seen["roots"][parents[e.task_idx]][1].turns[0].completion
+                    x.completion = root + "\n" if k % 4 == 1 else "    raise ValueError('edited')\n"
                 return step(tok, pool, items, more)
             tools.step = edited
         return run(*a, **kw)
     monkeypatch.setattr(rollouts, "single_turn", rigged_attempts)
     monkeypatch.setattr(rollouts, "sample_repairs", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
-    monkeypatch.setattr(rollouts.engine, "run_episodes", resubmitting)
+    monkeypatch.setattr(rollouts.env, "run_episodes", resubmitting)
     rounds = []
 
     def one_round():     # rl_step over one round of the tasks ts, its groups recorded and not trained on
         with monkeypatch.context() as m:
-            m.setattr(rollouts, "draw_tasks", lambda ctx, need, stats: (ts, [0, 1, 2]))
+            m.setattr(rollouts, "draw_tasks", lambda ctx, need, stats: ts)
             m.setattr(train_rl, "micro_batches", lambda groups, *a: rounds.append(groups) or [])
             return train_rl.rl_step(ctx, 0), rounds[-1]
     try:
@@ -212,33 +213,36 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         stats, groups = one_round()
         assert stats["trained_seqs"] == 0 and ctx.state["queue"] == []
         repairs = seen["repairs"]
-        assert stats["repair_roots"] == 2 and [s["task_idx"] for s in repairs] == [0] * 4 + [1] * 4
+        assert stats["repair_roots"] == 2 and [s.task_idx for s in repairs] == [0] * 4 + [1] * 4
         for i in (0, 1):     # the root: the task's first attempt failing the hidden tests and a visible example
-            root = next(s for s, r in zip(seen["samples"], seen["results"]) if s["task_idx"] == i and not r.passed)
-            v = pool.run_batch([env.visible_task(ts[i])], [root["completion"]])[0]
+            root = next(s for s, r in zip(seen["samples"], seen["results"]) if s.task_idx == i and not r.passed)
+            root = root.turns[0]
+            v = pool.run_batch(env.runs([env.visible_task(ts[i])], [root.completion]))[0]
             assert not v.passed
-            assert all(s["prompt_ids"] == engine.repair_prompt(tok, ts[i], root, v) and s["repair"]
-                       and s["repeat"] == (s["completion"].rstrip() == root["completion"].rstrip())
-                       for s in repairs if s["task_idx"] == i)
-        again = pool.run_batch([ts[s["task_idx"]] for s in repairs], [s["completion"] for s in repairs])
+            assert all(s.turns[0].prompt_ids == env.repair_prompt(tok, ts[i], root, v) and s.repair
+                       and s.repeat == (s.turns[0].completion.rstrip() == root.completion.rstrip())
+                       for s in repairs if s.task_idx == i)
+        again = pool.run_batch(env.runs([ts[s.task_idx] for s in repairs], [s.turns[0].completion for s in repairs]))
         assert [r.outcome for r in seen["repair_results"]] == [r.outcome for r in again]
         # task 0's group, its repairs, task 1's group, its repairs; task 2 (all fail) has no signal
         assert [len(g) for g in groups] == [4] * 4
-        assert [g[0]["prompt_ids"] for g in groups[1::2]] == [repairs[0]["prompt_ids"], repairs[4]["prompt_ids"]]
+        prompt = lambda x: x.turns[0].prompt_ids
+        assert [prompt(g[0]) for g in groups[1::2]] == [prompt(repairs[0]), prompt(repairs[4])]
         # the pass rate, outcomes and lengths are of the first attempts only
         assert stats["n_scored"] == 12 and stats["passes"] == 2 and stats["len_n"] == 12
         assert sum(v for k, v in stats.items() if k.startswith("outcome/")) == 12 and stats["repair_n"] == 8
-        assert stats["repair_repeats"] == sum(s["repeat"] for s in repairs)
+        assert stats["repair_repeats"] == sum(s.repeat for s in repairs)
         # a repair that resubmits its root (up to trailing whitespace) is marked and counted in
         # repair_repeat_rate; it scores as the failure it is, so a group of failed repairs has no signal
         seen["resubmit"] = True
         resub, failed = one_round()
-        assert [s["repeat"] for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
+        assert [s.repeat for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
         assert resub["repair_repeats"] == 2
         rl_metrics.record(ctx, 0, resub, tqdm(disable=True))
         with open(ctx.metrics_path) as f:
             assert json.loads(f.read().splitlines()[-1])["repair_repeat_rate"] == 0.25
-        assert [len(g) for g in failed] == [4, 4] and not any(x.get("repair") for g in failed for x in g)
+        assert [len(g) for g in failed] == [4, 4]         # the first attempts' groups, no repair group
+        assert [prompt(g[0]) for g in failed] == [prompt(groups[0][0]), prompt(groups[2][0])]
         seen["resubmit"] = False
         # rl_step trains on the groups of the first round (queued: nothing is sampled), on-policy
         ctx.state["queue"] = groups
@@ -265,8 +269,8 @@ def test_an_episode_ends_when_another_turn_would_not_fit(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 4, seed=1, difficulties=[1, 2])
     room = model.config.seq_len - min(len(tok.encode(t.prompt)) for t in ts)   # turn 2 cannot fit
-    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(3), pool, 1.0, room, generator=torch.Generator().manual_seed(0))
-    assert all(len(e["turns"]) == 1 and e["turns"][0]["feedback"] == "" for e in eps)
+    eps = env.run_episodes(model, tok, ts, 2, env.Feedback(3), pool, 1.0, room, generator=torch.Generator().manual_seed(0))
+    assert all(len(e.turns) == 1 and e.turns[0].feedback == "" for e in eps)
 
 
 class LosingPool:
@@ -277,17 +281,17 @@ class LosingPool:
     def submit_batch(self, *a, **kw):
         return self.pool.submit_batch(*a, **kw)
 
-    def run_batch(self, ts, completions, fractional=False):
-        return [env.Result(0.0, False, "sandbox_error", "worker died", 0, 1) for _ in ts]
+    def run_batch(self, runs, fractional=False):
+        return [Result(0.0, False, "sandbox_error", "worker died", 0, 1) for _ in runs]
 
 
 def test_a_lost_feedback_run_is_not_the_models_failure(tiny, pool):
     model, tok, _ = tiny
     ts = generate_tasks("test", 2, seed=1, difficulties=[1, 2])
-    eps = engine.run_episodes(model, tok, ts, 2, env.Feedback(3), LosingPool(pool), 1.0, 12,
+    eps = env.run_episodes(model, tok, ts, 2, env.Feedback(3), LosingPool(pool), 1.0, 12,
                               generator=torch.Generator().manual_seed(0))
-    assert all(len(e["turns"]) == 1 and e["result"].outcome == "sandbox_error" for e in eps)
-    assert all(e["results"][0].outcome != "sandbox_error" for e in eps)      # the hidden verdict is still kept
+    assert all(len(e.turns) == 1 and e.result.outcome == "sandbox_error" for e in eps)
+    assert all(e.results[0].outcome != "sandbox_error" for e in eps)      # the hidden verdict is still kept
 
 
 def test_resample_baseline_is_the_episode_rule_without_feedback():
@@ -316,20 +320,21 @@ def test_episode_figures_on_worked_numbers():
     their first attempt (one with other trailing whitespace): 2/5; near 0/2, novel 2/3. A 3-turn
     episode A, B, A repeats no previous attempt: 0/2."""
     import eval as evaluation
-    R = lambda ok: env.Result(float(ok), ok, "pass" if ok else "wrong_answer", "", 0, 1)
+    R = lambda ok: Result(float(ok), ok, "pass" if ok else "wrong_answer", "", 0, 1)
     ts = [Task("a", "def f(x):\n", "f", slice="near"), Task("b", "def g(x):\n", "g", slice="novel")]
     runs = [(0, [0, 1]), (0, [0, 0]), (0, [1]), (1, [0, 0]), (1, [0, 0]), (1, [0, 1])]
-    eps = [{"task_idx": i, "turns": [{"completion": f"    return {j}{t}\n"} for t in range(len(v))],
-            "results": [R(bool(x)) for x in v]} for j, (i, v) in enumerate(runs)]
+    turn = lambda code: env.Turn([], [], [], completion=code)
+    eps = [env.Episode(i, [turn(f"    return {j}{t}\n") for t in range(len(v))], results=[R(bool(x)) for x in v])
+           for j, (i, v) in enumerate(runs)]
     for e in eps:
-        e["result"] = e["results"][-1]
-    eps[3]["turns"][1]["completion"] = eps[3]["turns"][0]["completion"]          # same code ...
-    eps[4]["turns"][1]["completion"] = eps[4]["turns"][0]["completion"] + "  \n"  # ... up to whitespace
+        e.result = e.results[-1]
+    eps[3].turns[1].completion = eps[3].turns[0].completion          # same code ...
+    eps[4].turns[1].completion = eps[4].turns[0].completion + "  \n"  # ... up to whitespace
     f = evaluation.episode_figures(ts, eps, 2)
     assert f["repeat_rate"] == pytest.approx(2 / 5) and f["repeat_rate_near"] == 0
     assert f["repeat_rate_novel"] == pytest.approx(2 / 3)
-    aba = dict(eps[0], turns=[{"completion": c} for c in ("    return 1\n", "    return 2\n", "    return 1\n")],
-               results=[R(False)] * 3)
+    aba = env.Episode(0, [turn(c) for c in ("    return 1\n", "    return 2\n", "    return 1\n")],
+                      result=R(False), results=[R(False)] * 3)
     assert evaluation.episode_figures(ts, [aba], 3)["repeat_rate"] == 0
     assert f["pass@1_by_turn"] == pytest.approx([1 / 6, 3 / 6]) and f["repair_rate"] == pytest.approx(2 / 5)
     assert f["pass@2_no_feedback"] == pytest.approx(1 / 3) and f["pass@2_no_feedback_near"] == pytest.approx(2 / 3)

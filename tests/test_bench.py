@@ -1,4 +1,4 @@
-"""bench.py's device-parameterised pieces on the CPU, at tiny sizes (seconds): the GPU path is the
+"""lab/bench.py's device-parameterised pieces on the CPU, at tiny sizes (seconds): the GPU path is the
 same code with another torch.device, so what runs here is what a GPU runs, bar autocast and the
 synchronisations. python -m pytest -q tests/test_bench.py; the slow test runs the real command."""
 import json
@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-import bench
-from infra import fast
+from lab import bench, gpu_check
+import sampling
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,9 +30,9 @@ def tiny():
 
 
 def test_reduced_model_ratios_on_cpu():
-    """gpu-check's `ratios` stage in its CPU form: bench_model at smoke sizes, every key of bench.py's
+    """gpu-check's `ratios` stage in its CPU form: bench_model at smoke sizes, every key of lab/bench.py's
     model part, each ratio a positive finite number, and the figures consistent with each other."""
-    r = bench.gpu_check_ratios(CPU)
+    r = gpu_check.gpu_check_ratios(CPU)
     assert r["ok"] is True
     assert MODEL_KEYS <= set(r)
     for k in RATIOS:
@@ -71,14 +71,14 @@ def test_decode_step_ms_is_a_positive_time():
 
 
 def test_compile_error_reports_failures_in_one_line(monkeypatch):
-    monkeypatch.delitem(fast._COMPILED, "trunk", raising=False)
+    monkeypatch.delitem(sampling._COMPILED, "trunk", raising=False)
     assert bench.compile_error(lambda: None) is None
     assert bench.compile_error(lambda: 1 / 0).startswith("ZeroDivisionError: ")
 
-    def falls_back():   # what fast.compiled_trunk does when torch.compile fails: warn, mark, go eager
+    def falls_back():   # what sampling.compiled_trunk does when torch.compile fails: warn, mark, go eager
         warnings.warn("--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc\nmore)")
-        fast._COMPILED["trunk"] = False
-    monkeypatch.setitem(fast._COMPILED, "trunk", None)
+        sampling._COMPILED["trunk"] = False
+    monkeypatch.setitem(sampling._COMPILED, "trunk", None)
     with warnings.catch_warnings(record=True):
         err = bench.compile_error(falls_back)
     assert err == "--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc"
@@ -86,7 +86,7 @@ def test_compile_error_reports_failures_in_one_line(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
 def test_device_cuda_without_a_gpu_is_refused_in_one_line():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--device", "cuda", "model"],
+    p = subprocess.run([sys.executable, "-m", "lab.bench", "--device", "cuda", "model"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
     assert p.stderr.strip() == "error: --device cuda but no CUDA device is visible"
@@ -94,7 +94,7 @@ def test_device_cuda_without_a_gpu_is_refused_in_one_line():
 
 @pytest.mark.slow   # the model part at its --quick sizes: ~20 s on 2 cores
 def test_bench_model_command_names_the_device():
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--quick", "--device", "cpu", "model"],
+    p = subprocess.run([sys.executable, "-m", "lab.bench", "--quick", "--device", "cpu", "model"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from infra import common
+from infra import common, plan
 
 PRESETS = {"smoke": {"steps": 3, "lr": 0.1}, "cpu": {"steps": 100, "lr": 0.01}, "gpu": {"steps": 1000, "lr": 0.001}}
 
@@ -82,25 +82,25 @@ def test_parse_args_twice_on_one_parser():
 
 
 def test_fit_micro_batch_keeps_the_global_batch_and_names_the_fix(capsys):
-    assert common.fit_micro_batch(131072, 1024, 1, 32, typed=False) == (32, 4)
-    assert common.fit_micro_batch(131072, 1024, 8, 32, typed=False) == (16, 1)   # the preset's shrinks
-    assert common.fit_micro_batch(131072, 1024, 16, 32, typed=False) == (8, 1)
-    assert common.fit_micro_batch(3 * 1024, 1024, 1, 2, typed=False) == (1, 3)   # the largest divisor
+    assert plan.fit_micro_batch(131072, 1024, 1, 32, typed=False) == (32, 4)
+    assert plan.fit_micro_batch(131072, 1024, 8, 32, typed=False) == (16, 1)   # the preset's shrinks
+    assert plan.fit_micro_batch(131072, 1024, 16, 32, typed=False) == (8, 1)
+    assert plan.fit_micro_batch(3 * 1024, 1024, 1, 2, typed=False) == (1, 3)   # the largest divisor
     with pytest.raises(SystemExit):
-        common.fit_micro_batch(131072, 1024, 8, 32, typed=True)                # a typed one is kept or refused
+        plan.fit_micro_batch(131072, 1024, 8, 32, typed=True)                # a typed one is kept or refused
     assert "use --micro-batch 16" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        common.fit_micro_batch(1000, 1024, 8, 32, typed=False)
+        plan.fit_micro_batch(1000, 1024, 8, 32, typed=False)
     assert "use --batch-tokens 8192" in capsys.readouterr().err
 
 
 def test_device_table_takes_the_longest_name():
-    assert common.device_spec("NVIDIA H100 80GB HBM3")[:2] == ("H100", 989e12)
-    assert common.device_spec("NVIDIA H100 PCIe")[:2] == ("H100 PCIe", 756e12)
-    assert common.device_spec("NVIDIA GH200 480GB")[0] == "GH200"
-    assert common.device_spec("NVIDIA L40S")[0] == "L40S" and common.device_spec("NVIDIA L4")[0] == "L4"
-    assert common.device_spec("Tesla T4") is None
-    assert common.peak_flops(torch.device("cpu")) is None and common.peak_flops(torch.device("cpu"), 5.0) == 5.0
+    assert plan.device_spec("NVIDIA H100 80GB HBM3")[:2] == ("H100", 989e12)
+    assert plan.device_spec("NVIDIA H100 PCIe")[:2] == ("H100 PCIe", 756e12)
+    assert plan.device_spec("NVIDIA GH200 480GB")[0] == "GH200"
+    assert plan.device_spec("NVIDIA L40S")[0] == "L40S" and plan.device_spec("NVIDIA L4")[0] == "L4"
+    assert plan.device_spec("Tesla T4") is None
+    assert plan.peak_flops(torch.device("cpu")) is None and plan.peak_flops(torch.device("cpu"), 5.0) == 5.0
 
 
 def test_ddp_on_gpus_is_one_group_with_gloo_for_cpu_tensors(monkeypatch):
@@ -125,10 +125,10 @@ def test_argparse_errors_are_one_line_and_exit_code_2():
     cases = [([s, "--preset", "smoke", "--no-such-flag"], unknown) for s in
              ("train_pretrain.py", "train_rl.py", "train_mtp.py", "eval.py", "agent.py")]
     cases += [(["train_rl.py", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
-              (["bench.py", "--no-such-flag"], unknown), (["bench.py", "gpu-check", "--no-such-flag"], unknown),
-              (["plot.py", "runs/x", "--out-dir", "f", "--no-such-flag"], unknown),
+              (["-m", "lab.bench", "--no-such-flag"], unknown), (["-m", "lab.gpu_check", "--no-such-flag"], unknown),
+              (["-m", "lab.plot", "runs/x", "--out-dir", "f", "--no-such-flag"], unknown),
               (["-m", "data.tasks", "stats", "--n", "x"], "argument --n: invalid int value: 'x'"),
-              (["experiments/report.py"], "the following arguments are required: out_dir")]
+              (["-m", "lab.experiments.report"], "the following arguments are required: out_dir")]
     procs = [subprocess.Popen([sys.executable] + c, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for c, _ in cases]
     for (c, message), p in zip(cases, procs):

@@ -9,6 +9,7 @@ import torch
 
 from data import corpus
 import env
+from sandbox.pool import SandboxPool
 from data.tasks import generate_tasks, load_humaneval
 from data import repair
 from data import tasks  # noqa: E402
@@ -102,9 +103,9 @@ def test_prepared_agent_cache_holds_tool_tokens_and_marks_context(tmp_path):
     import numpy as np
     import env
     from data import repos
-    from data.tokenizer import train_tokenizer
+    from tokenizer import train_tokenizer
     ts = repos.generate_repo_tasks("train", 12, seed=0, difficulties=[1, 2])
-    with env.SandboxPool(workers=1) as pool:
+    with SandboxPool(workers=1) as pool:
         docs = repos.transcripts(ts, pool)
     tok = train_tokenizer(list(docs), 400).with_tools()
     args = SimpleNamespace(source_mb=0, val_frac=0.0)

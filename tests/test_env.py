@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import env
+from sandbox.pool import SandboxPool
 from data import families
 from data import tasks
 
@@ -84,14 +85,14 @@ def test_every_family_solved_in_sandbox(pool):
     for split in ("train", "test"):
         for fam in tasks.FAMILIES:
             ts += tasks.generate_tasks(split, 12, seed=5, families=[fam])
-    rs = pool.run_batch(ts, [t.solution for t in ts])
+    rs = pool.run_batch(env.runs(ts, [t.solution for t in ts]))
     bad = [(t.task_id, t.family, r) for t, r in zip(ts, rs) if not r.passed]
     assert not bad, bad[:3]
 
 def test_canaries_fail_honest_solutions(pool):
     cs = tasks.canary_tasks()
     assert len(cs) >= 3 and all(c.canary and c.family == "canary" for c in cs)
-    rs = pool.run_batch(cs, [c.solution for c in cs])
+    rs = pool.run_batch(env.runs(cs, [c.solution for c in cs]))
     assert all(r.outcome == "wrong_answer" and r.reward == 0 for r in rs), rs
     # the docstring examples themselves are honest: the solution passes those
     assert all(r.n_passed >= c.prompt.count(">>> ") for c, r in zip(cs, rs))
@@ -135,12 +136,12 @@ def test_humaneval(pool):
     assert len(he) == 164 and he[0].task_id == "HumanEval/0" and he[0].entry_point == "has_close_elements"
     assert all(t.test and t.solution and t.inputs is None for t in he)
     pick = he[::20]
-    rs = pool.run_batch(pick, [t.solution for t in pick])
+    rs = pool.run_batch(env.runs(pick, [t.solution for t in pick]))
     assert all(r.passed and r.reward == 1.0 for r in rs), [(t.task_id, r) for t, r in zip(pick, rs) if not r.passed]
-    r = pool.run_batch([he[0]], ["    return True\n"])[0]
+    r = pool.run_batch(env.runs([he[0]], ["    return True\n"]))[0]
     assert r.outcome == "wrong_answer" and "AssertionError" in r.feedback
     broken = tasks.Task("x", he[0].prompt, he[0].entry_point, test="import no_such_module_xyz\ndef check(c):\n    pass\n")
-    assert pool.run_batch([broken], [he[0].solution])[0].outcome == "sandbox_error"
+    assert pool.run_batch(env.runs([broken], [he[0].solution]))[0].outcome == "sandbox_error"
 
 # ----------------------------------------------------------------------------- harness
 
@@ -171,7 +172,7 @@ def test_hack_counts():
 
 def test_fractional_reward(pool):
     comp = "    if x < 2:\n        return x + 1\n    return 0\n"
-    binary, frac = pool.run_batch([add_task()] * 2, [comp] * 2, fractional=False)[0], pool.run_batch([add_task()], [comp], fractional=True)[0]
+    binary, frac = pool.run_batch(env.runs([add_task()] * 2, [comp] * 2), fractional=False)[0], pool.run_batch(env.runs([add_task()], [comp]), fractional=True)[0]
     assert (binary.reward, binary.n_passed, binary.n_tests, binary.outcome) == (0.0, 2, 4, "wrong_answer")
     assert frac.reward == 0.5 and not frac.passed
     assert "f(2) should return 3, got 0" in binary.feedback
@@ -191,7 +192,7 @@ def test_fractional_reward(pool):
     ("    return [x + 1]\n", "wrong_answer", ""),
 ])
 def test_outcomes(pool, comp, outcome, fb):
-    r = pool.run_batch([add_task()], [comp])[0]
+    r = pool.run_batch(env.runs([add_task()], [comp]))[0]
     assert r.outcome == outcome and fb in r.feedback, r
     assert r.passed == (outcome == "pass") and r.reward == (1.0 if r.passed else 0.0)
 
@@ -199,29 +200,28 @@ def test_strict_types(pool):
     bools = tasks.Task("t/b", "def g(x):\n", "g", inputs=[[1], [2]], outputs=[True, False])
     lists = tasks.Task("t/l", "def g(x):\n", "g", inputs=[[1]], outputs=[[1, [2, 3]]])
     dicts = tasks.Task("t/d", "def g(x):\n", "g", inputs=[[1]], outputs=[{"a": 1}])
-    rs = pool.run_batch([bools, bools, lists, dicts, dicts],
-                        ["    return 1 if x == 1 else 0\n", "    return x == 1\n", "    return (1, (2, 3))\n",
-                         "    return {'a': True}\n", "    return {1: 1}\n"])
+    rs = pool.run_batch(env.runs([bools, bools, lists, dicts, dicts], ["    return 1 if x == 1 else 0\n", "    return x == 1\n", "    return (1, (2, 3))\n",
+                         "    return {'a': True}\n", "    return {1: 1}\n"]))
     assert [r.outcome for r in rs] == ["wrong_answer", "pass", "pass", "wrong_answer", "wrong_answer"], rs
 
 def test_float_tolerance_only_for_float_answers(pool):
     floats = tasks.Task("t/f", "def g(x):\n", "g", inputs=[[1]], outputs=[0.1 + 0.2])
-    rs = pool.run_batch([floats] * 3, ["    return 0.3\n", "    return 0.3 + 1e-12\n", "    return 0.31\n"])
+    rs = pool.run_batch(env.runs([floats] * 3, ["    return 0.3\n", "    return 0.3 + 1e-12\n", "    return 0.31\n"]))
     assert [r.outcome for r in rs] == ["pass", "pass", "wrong_answer"], rs
 
 def test_submit_batch_is_async(pool):
-    fut = pool.submit_batch([add_task()] * 6, ["    return x + 1\n"] * 6)
+    fut = pool.submit_batch(env.runs([add_task()] * 6, ["    return x + 1\n"] * 6))
     assert isinstance(fut, concurrent.futures.Future)
     assert [r.passed for r in fut.result(timeout=30)] == [True] * 6
-    assert pool.submit_batch([], []).result() == []
+    assert pool.submit_batch(env.runs([], [])).result() == []
     with pytest.raises(ValueError):
-        pool.submit_batch([add_task()], [])
+        pool.submit_batch(env.runs([add_task()], []))
 
 def test_worker_restart():
-    with env.SandboxPool(workers=1, timeout_s=1.0) as p:
+    with SandboxPool(workers=1, timeout_s=1.0) as p:
         p._procs[0].kill()                              # a worker died (OOM killer, bug, ...)
         p._procs[0].wait()
-        assert p.run_batch([add_task()], ["    return x + 1\n"])[0].passed
+        assert p.run_batch(env.runs([add_task()], ["    return x + 1\n"]))[0].passed
 
 def test_cli(tmp_path):
     out = tmp_path / "t.jsonl"

@@ -13,9 +13,9 @@ import torch
 from infra import common
 from data import corpus
 import env
+from sandbox.pool import SandboxPool
 from data.tasks import generate_tasks
 import eval as ev
-from infra import engine
 from rl import algo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,7 +175,7 @@ def test_bad_task_file_and_missing_args(tmp_path, capsys):
 def tiny(tmp_path_factory):
     """A tiny tokenizer trained on solved train tasks and two tiny random MoE checkpoints."""
     from model import GPT, GPTConfig
-    from data.tokenizer import train_tokenizer
+    from tokenizer import train_tokenizer
     tok = train_tokenizer([env.corpus_text(t) for t in generate_tasks("train", 200, seed=1)], 400)
     d = tmp_path_factory.mktemp("ckpts")
     paths, models = [], []
@@ -221,32 +221,34 @@ def test_bits_per_byte_real_model_is_finite(tiny):
 
 
 def test_one_turn_samples_shape_determinism_routes(tiny):
-    """Single-turn sampling is one-turn episodes of engine.run_episodes (env.Feedback(1))."""
+    """Single-turn sampling is one-turn episodes of env.run_episodes (env.Feedback(1))."""
     model, tok = tiny.models[0], tiny.tok
     tasks = generate_tasks("test", 3, seed=0)
-    pool = env.SandboxPool(workers=1)
-    sample = lambda n, temperature, max_new_tokens, tasks=tasks, **kw: [e["turns"][0] for e in engine.run_episodes(
-        model, tok, tasks, n, env.Feedback(1), pool, temperature, max_new_tokens, **kw)]
+    pool = SandboxPool(workers=1)
+    episodes = lambda n, temperature, max_new_tokens, tasks=tasks, **kw: env.run_episodes(
+        model, tok, tasks, n, env.Feedback(1), pool, temperature, max_new_tokens, **kw)
+    sample = lambda *a, **kw: [e.turns[0] for e in episodes(*a, **kw)]
     kw = dict(n=2, temperature=1.0, max_new_tokens=12, batch_size=4)
-    a = sample(generator=torch.Generator().manual_seed(5), return_routes=True, **kw)
+    eps = episodes(generator=torch.Generator().manual_seed(5), return_routes=True, **kw)
     b = sample(generator=torch.Generator().manual_seed(5), **kw)
-    assert [s["task_idx"] for s in a] == [0, 0, 1, 1, 2, 2]
-    assert [s["tokens"] for s in a] == [s["tokens"] for s in b]          # same seed, same samples
-    for s in a:
+    assert [e.task_idx for e in eps] == [0, 0, 1, 1, 2, 2]
+    assert [e.turns[0].tokens for e in eps] == [s.tokens for s in b]          # same seed, same samples
+    for e in eps:
+        s = e.turns[0]
         # prompts keep their END when prompt + generation would exceed the context (task 0 here)
-        keep, full = model.config.seq_len - 12, tok.encode(env.render_prompt(tasks[s["task_idx"]]))
-        assert s["prompt_ids"] == full[-keep:] and s["prompt_truncated"] == (len(full) > keep)
-        assert 1 <= len(s["tokens"]) <= 12 and len(s["logprobs"]) == len(s["tokens"])
-        assert s["completion"] == env.extract_completion(s["text"])
-        assert tuple(s["routes"].shape) == (model.n_moe_layers, len(s["prompt_ids"]) + len(s["tokens"]) - 1,
-                                            model.config.top_k)
-    assert a[0]["prompt_truncated"]                                     # task 0's prompt is long
+        keep, full = model.config.seq_len - 12, tok.encode(env.render_prompt(tasks[e.task_idx]))
+        assert s.prompt_ids == full[-keep:] and s.prompt_truncated == (len(full) > keep)
+        assert 1 <= len(s.tokens) <= 12 and len(s.logprobs) == len(s.tokens)
+        assert s.completion == env.extract_completion(s.text)
+        assert tuple(s.routes.shape) == (model.n_moe_layers, len(s.prompt_ids) + len(s.tokens) - 1,
+                                         model.config.top_k)
+    assert eps[0].turns[0].prompt_truncated                              # task 0's prompt is long
     g = sample(n=2, temperature=0, max_new_tokens=8)
-    assert g[0]["tokens"] == g[1]["tokens"]                              # greedy is deterministic
+    assert g[0].tokens == g[1].tokens                              # greedy is deterministic
     # a budget >= the context never cuts a prompt below half the context
     h = sample(tasks=tasks[1:2], n=1, temperature=0, max_new_tokens=model.config.seq_len)
     pool.close()
-    assert len(h[0]["prompt_ids"]) == min(model.config.seq_len // 2, len(tok.encode(env.render_prompt(tasks[1]))))
+    assert len(h[0].prompt_ids) == min(model.config.seq_len // 2, len(tok.encode(env.render_prompt(tasks[1]))))
 
 
 def test_two_checkpoints_one_table(tiny, tmp_path):

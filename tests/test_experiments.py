@@ -1,5 +1,5 @@
-"""experiments/*.sh with PRESET=smoke: each runs end to end and writes its markdown table and PNG figures;
-experiments/report.py turns stage summaries into rows per run and a mean row per config."""
+"""lab/experiments/*.sh with PRESET=smoke: each runs end to end and writes its markdown table and PNG figures;
+lab/experiments/report.py turns stage summaries into rows per run and a mean row per config."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def run_experiment(name, out, **env):
-    p = subprocess.run(["bash", f"experiments/{name}.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    p = subprocess.run(["bash", f"lab/experiments/{name}.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PRESET="smoke", OUT=str(out), **env))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return (out / "results.md").read_text()
@@ -62,7 +62,7 @@ def test_rl_ablation_over_seeds(name, runs, dense_vs_moe, tmp_path):
 def test_run_stage_resume_keeps_finished_stages(tmp_path):
     """RESUME=1 skips a stage whose summary exists (and only then); a failing stage stops the script."""
     (tmp_path / "done.json").write_text('{"x": 1}\n')
-    script = ('set -euo pipefail; source experiments/lib.sh; run_stage done python -c "print(\'{\\"x\\": 2}\')"; '
+    script = ('set -euo pipefail; source lab/experiments/lib.sh; run_stage done python -c "print(\'{\\"x\\": 2}\')"; '
               'run_stage new python -c "print(\'{\\"y\\": 3}\')"; run_stage bad false; echo unreachable')
     run = lambda resume: subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
                                         env=dict(os.environ, OUT=str(tmp_path), RESUME=resume))

@@ -1,6 +1,6 @@
-"""The reference sampler (infra/engine.py generate) against every speed path beside it (infra/fast.py:
+"""The reference sampler (sampling.py generate) against every speed path beside it (sampling.py:
 finished rows retired, sync-free decoding, two decode streams, a compiled decode step; speculative
-decoding, infra/speculative.py), on tiny models: python -m pytest tests/test_generate.py -q -x
+decoding, speculative.py), on tiny models: python -m pytest tests/test_generate.py -q -x
 
 Greedy, every path must give the reference's tokens, routes and pasts, with log-probs within float
 rounding (a retired row is computed in a smaller batch). Sampled, a path that draws for the same rows
@@ -8,7 +8,8 @@ in the same order (no row retires: no stop id) must give the very same tokens an
 import pytest
 import torch
 
-from infra import engine, fast, speculative
+import sampling
+import speculative
 from model import GPT, GPTConfig, MoE
 
 TINY = dict(vocab_size=61, seq_len=96, n_layer=3, n_head=4, n_kv_head=2, n_embd=32, n_expert=6, top_k=2,
@@ -23,7 +24,7 @@ def stops_for(model, prompts, kind):
     """No stop id, or ids that end rows at several steps: the greedy tokens at steps 2 and 5 of two rows."""
     if kind == "none":
         return ()
-    full = engine.generate(model, prompts, 10, temperature=0)
+    full = sampling.reference(model, prompts, 10, temperature=0)
     return full[0]["tokens"][2], full[-1]["tokens"][5]
 
 
@@ -60,23 +61,23 @@ def run(fn, model, prompts, n=10, seed=0, **kw):
 
 @pytest.mark.parametrize("prompts", sorted(PROMPTS))
 @pytest.mark.parametrize("stops", ["none", "some"])
-@pytest.mark.parametrize("dispatch", ["auto", "dense", "loop"])
+@pytest.mark.parametrize("dispatch", ["auto", "dense", "sorted"])
 def test_retiring_and_sync_free_sample_what_generate_does(monkeypatch, prompts, stops, dispatch):
     MoE.dispatch = dispatch
     model, prompts = tiny(), PROMPTS[prompts]
     stop = stops_for(model, prompts, stops)
     kw = dict(stop_ids=stop, return_routes=True, return_past=True)
-    ref = run(engine.generate, model, prompts, temperature=0, **kw)
+    ref = run(sampling.reference, model, prompts, temperature=0, **kw)
     if stop:
         assert {len(o["tokens"]) for o in ref} != {10}       # rows stop at different steps
     for free in (False, True):
-        monkeypatch.setattr(fast, "SYNC_FREE", free)
-        monkeypatch.setattr(fast, "DONE_EVERY", 4)
-        assert_same(ref, run(fast.generate_retiring, model, prompts, temperature=0, **kw))
+        monkeypatch.setattr(sampling, "SYNC_FREE", free)
+        monkeypatch.setattr(sampling, "DONE_EVERY", 4)
+        assert_same(ref, run(sampling.retiring, model, prompts, temperature=0, **kw))
     # sampled, no stop id: no row retires, the same draws for the same rows
-    monkeypatch.setattr(fast, "SYNC_FREE", False)
+    monkeypatch.setattr(sampling, "SYNC_FREE", False)
     kw = dict(return_routes=True, temperature=1.0, top_k=20, top_p=0.9)
-    assert_same(run(engine.generate, model, prompts, **kw), run(fast.generate_retiring, model, prompts, **kw),
+    assert_same(run(sampling.reference, model, prompts, **kw), run(sampling.retiring, model, prompts, **kw),
                 exact=True)
 
 
@@ -85,38 +86,38 @@ def test_pasts_continue_alike(n_expert):
     """A second turn from each row's past (multi-turn episodes): the speed paths continue as the
     reference does, and the reference as one call on the whole context."""
     model = tiny(n_expert=n_expert)
-    first = run(engine.generate, model, RAGGED * 3, 6, temperature=1.0, stop_ids=(5, 17, 23, 40), return_past=True)
+    first = run(sampling.reference, model, RAGGED * 3, 6, temperature=1.0, stop_ids=(5, 17, 23, 40), return_past=True)
     feeds = [[30, 31], [32, 33, 34, 35], [36], [37, 38, 39], [30]] * 3
     past = [o["past"] for o in first]
     kw = dict(temperature=0, return_routes=True, return_past=True, stop_ids=(11, 12))
-    ref = engine.generate(model, feeds, 5, past=past, **kw)
-    assert_same(ref, fast.generate_retiring(model, feeds, 5, past=past, **kw))
+    ref = sampling.reference(model, feeds, 5, past=past, **kw)
+    assert_same(ref, sampling.retiring(model, feeds, 5, past=past, **kw))
     for p, o, f, c in zip(RAGGED * 3, first, feeds, ref):
         whole = p + o["tokens"][:-1] + f
-        alone = engine.generate(model, [whole], 5, **{**kw, "return_past": False})[0]
+        alone = sampling.reference(model, [whole], 5, **{**kw, "return_past": False})[0]
         assert c["tokens"] == alone["tokens"]
         assert torch.equal(c["routes"], alone["routes"][:, -c["routes"].size(1):])
 
 
 def test_two_streams_sample_what_generate_does():
-    """fast.generate on a CPU splits >= 32 rows into two decode streams, each with a random stream of
+    """sampling.generate on a CPU splits >= 32 rows into two decode streams, each with a random stream of
     its own: greedy, the reference's outputs; sampled, each row's draws come from its stream's seed
     (tests/test_agent.py checks the shares one by one)."""
     model = tiny()
     kw = dict(temperature=0, stop_ids=stops_for(model, MANY, "some"), return_routes=True, return_past=True)
-    ref = run(engine.generate, model, MANY, **kw)
+    ref = run(sampling.reference, model, MANY, **kw)
     assert {len(o["tokens"]) for o in ref} != {10}
     calls = []
-    real = fast.generate_retiring
+    real = sampling.retiring
 
     def counted(*a, **k):
         calls.append(len(a[1]))
         return real(*a, **k)
-    fast.generate_retiring = counted
+    sampling.retiring = counted
     try:
-        got = run(fast.generate, model, MANY, streams=2, **kw)
+        got = run(sampling.generate, model, MANY, streams=2, **kw)
     finally:
-        fast.generate_retiring = real
+        sampling.retiring = real
     assert sorted(calls) == [24, 24]                        # it did run two streams
     assert_same(ref, got)
 
@@ -128,7 +129,7 @@ def test_speculative_decoding_gives_generate_tokens(prompts):
     tests/test_speculative.py."""
     model = tiny(n_mtp=2)
     for stop in (stops_for(model, PROMPTS[prompts], kind) for kind in ("none", "some")):
-        ref = run(engine.generate, model, PROMPTS[prompts], 16, temperature=0, stop_ids=stop)
+        ref = run(sampling.reference, model, PROMPTS[prompts], 16, temperature=0, stop_ids=stop)
         got = run(speculative.generate, model, PROMPTS[prompts], 16, temperature=0, stop_ids=stop)
         assert [o["tokens"] for o in got] == [o["tokens"] for o in ref]
         for a, b in zip(ref, got):
@@ -136,30 +137,29 @@ def test_speculative_decoding_gives_generate_tokens(prompts):
 
 
 def test_the_chooser_takes_each_path(monkeypatch):
-    """fast.generate is the one place a path is chosen: speculative where SPECULATIVE is set and the
+    """sampling.generate is the one place a path is chosen: speculative where SPECULATIVE is set and the
     model has MTP modules (not when routes are asked for), the compiled step where COMPILE is set;
     every choice gives the reference's greedy tokens."""
     model, taken = tiny(n_mtp=1), []
-    for name, mod in (("speculative", speculative), ("retiring", fast)):
-        fn = getattr(mod, "generate" if name == "speculative" else "generate_retiring")
-        monkeypatch.setattr(mod, fn.__name__, lambda *a, _f=fn, _n=name, **k: taken.append(_n) or _f(*a, **k))
-    monkeypatch.setattr(fast, "compiled_trunk", lambda m: taken.append("compiled") or m.trunk)
-    ref = run(engine.generate, model, RAGGED, temperature=0)
+    spy = lambda name, f: lambda *a, **k: taken.append(name) or f(*a, **k)
+    monkeypatch.setattr(sampling, "retiring", spy("retiring", sampling.retiring))
+    monkeypatch.setattr(sampling, "compiled_trunk", lambda m: taken.append("compiled") or m.trunk)
+    ref = run(sampling.reference, model, RAGGED, temperature=0)
     for spec, compiled, routes, want in [(False, False, False, ["retiring"]), (True, False, False, ["speculative"]),
                                          (True, False, True, ["retiring"]), (False, True, False, ["compiled", "retiring"])]:
-        monkeypatch.setattr(fast, "SPECULATIVE", spec)
-        monkeypatch.setattr(fast, "COMPILE", compiled)
+        monkeypatch.setattr(sampling, "SPECULATIVE", spy("speculative", speculative.generate) if spec else None)
+        monkeypatch.setattr(sampling, "COMPILE", compiled)
         taken.clear()
-        got = run(fast.generate, model, RAGGED, temperature=0, return_routes=routes)
+        got = run(sampling.generate, model, RAGGED, temperature=0, return_routes=routes)
         assert taken == want and [o["tokens"] for o in got] == [o["tokens"] for o in ref]
 
 
 @pytest.mark.slow   # a torch.compile of the decode step (minutes on 2 cores)
 def test_compiled_decode_samples_what_generate_does(monkeypatch):
     model = tiny()
-    monkeypatch.setattr(fast, "_COMPILED", {})
+    monkeypatch.setattr(sampling, "_COMPILED", {})
     for prompts in (RAGGED, EVEN):
         kw = dict(temperature=0, stop_ids=stops_for(model, prompts, "some"), return_routes=True, return_past=True)
-        ref = run(engine.generate, model, prompts, **kw)
-        assert_same(ref, run(fast.generate_retiring, model, prompts, trunk=fast.compiled_trunk(model), **kw))
-    assert fast._COMPILED["trunk"] is not False
+        ref = run(sampling.reference, model, prompts, **kw)
+        assert_same(ref, run(sampling.retiring, model, prompts, trunk=sampling.compiled_trunk(model), **kw))
+    assert sampling._COMPILED["trunk"] is not False

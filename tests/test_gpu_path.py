@@ -1,6 +1,6 @@
 """The path users run on GPUs, checked on any machine: the --dry-run plans of both trainers for 1, 2,
-4 and 8 processes (and the refusals of impossible ones), and `bench.py gpu-check` in its reduced CPU
-form (slow). On a GPU machine `python bench.py gpu-check` is the full check (docs/gpu.md)."""
+4 and 8 processes (and the refusals of impossible ones), and `lab/gpu_check.py` in its reduced CPU
+form (slow). On a GPU machine `python -m lab.gpu_check` is the full check (docs/gpu.md)."""
 import json
 import math
 import os
@@ -58,7 +58,7 @@ def test_impossible_plans_are_refused_with_the_fix(script, flags, fix):
 
 @pytest.mark.slow                      # ~40 s on the 2-core VM (2 gloo ranks included)
 def test_gpu_check_runs_reduced_on_cpu(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "gpu-check", "--out-dir", str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "lab.gpu_check", "--out-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
@@ -85,10 +85,10 @@ def test_grouped_mm_check_catches_wrong_expert_gradients(monkeypatch):
     gradient leaking into the expert that got no token (pytorch#172439's symptom on B200)."""
     sys.path.insert(0, ROOT)
     import torch
-    import bench
+    from lab import gpu_check
     import model
     cpu = torch.device("cpu")
-    assert bench.gpu_check_grouped_mm(cpu)["grouped_mm_matches_loop"] is True
+    assert gpu_check.gpu_check_grouped_mm(cpu)["grouped_mm_matches_loop"] is True
     right = model.expert_matmul
 
     def wrong(kind):
@@ -106,7 +106,7 @@ def test_grouped_mm_check_catches_wrong_expert_gradients(monkeypatch):
         return expert_matmul
     for kind in ("scaled", "leak"):
         monkeypatch.setattr(model, "expert_matmul", wrong(kind))
-        r = bench.gpu_check_grouped_mm(cpu)
+        r = gpu_check.gpu_check_grouped_mm(cpu)
         assert r["grouped_mm_matches_loop"] is False and r["ok"] is False, (kind, r)
         if kind == "leak":
             assert r["grouped_mm_fp32_empty_grad"] > 0 and r["grouped_mm_bf16_empty_grad"] > 0, r
@@ -118,30 +118,30 @@ def test_host_syncs_are_counted_on_cpu():
     left as it was."""
     sys.path.insert(0, ROOT)
     import torch
-    import bench
+    from lab import gpu_check
     before = dict(vars(torch.Tensor))
     x = torch.arange(4.0)
-    r, n = bench.count_host_syncs(lambda: x.sum().item() + len(x.tolist()) + bool(x.any()) + x[x > 1].sum()
-                                  + x[torch.tensor([3])].sum(), bench.CPU)
+    r, n = gpu_check.count_host_syncs(lambda: x.sum().item() + len(x.tolist()) + bool(x.any()) + x[x > 1].sum()
+                                  + x[torch.tensor([3])].sum(), gpu_check.CPU)
     assert n == 4 and float(r) == 6 + 4 + 1 + 5 + 3
     assert dict(vars(torch.Tensor)) == before
 
 
 @pytest.mark.parametrize("arch", ["cpu", "gpu"])
 def test_planned_activations_match_the_whole_model(arch):
-    """The plan's activation memory (common.activation_bytes_per_token: measured on the dense layers
+    """The plan's activation memory (plan.activation_bytes_per_token: measured on the dense layers
     plus one and two MoE layers at 16-32 tokens, extrapolated to the depth) against saved-for-backward
     bytes measured on the whole model at another length, under bf16 autocast: within 20%. (The
     formula the plan used before gave 305 KB per token for the gpu model, against ~668 KB.)"""
     sys.path.insert(0, ROOT)
-    from infra import common
+    from infra import plan
     from model import GPTConfig
     cfg = {"cpu": GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                             expert_hidden=128, balance="bias"),
            "gpu": GPTConfig(vocab_size=8192, n_layer=6, n_embd=768, n_head=12, n_kv_head=4, n_expert=16, top_k=2,
                             expert_hidden=512, balance="bias")}[arch]     # gpu: the preset's, at half its depth
-    whole = (common.saved_bytes(cfg, 96) - common.saved_bytes(cfg, 48)) / 48
-    planned = common.activation_bytes_per_token(cfg)
+    whole = (plan.saved_bytes(cfg, 96) - plan.saved_bytes(cfg, 48)) / 48
+    planned = plan.activation_bytes_per_token(cfg)
     assert abs(planned / whole - 1) < 0.2, (planned, whole)
     if arch == "gpu":
         assert whole > 1.5 * (18 * cfg.n_embd + 4 * cfg.expert_hidden * 3) * cfg.n_layer   # the old formula's count

@@ -20,7 +20,7 @@ import pytest
 
 from data import families
 from data import tasks
-from data.tokenizer import Tokenizer
+from tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow   # the slow suite: python -m pytest -q -m slow tests
 

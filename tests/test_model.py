@@ -11,10 +11,9 @@ import torch
 import torch._dynamo.utils
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infra import engine, fast  # noqa: E402
+import sampling  # noqa: E402
 import model as M  # noqa: E402
-from model import GPT, MLP, MoE, GPTConfig  # noqa: E402
-from infra.surgery import extend_context, upcycle  # noqa: E402
+from model import GPT, MLP, MoE, GPTConfig, extend_context  # noqa: E402
 
 TINY = dict(vocab_size=61, seq_len=64, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
             n_expert=6, top_k=2, n_shared_expert=1, expert_hidden=16, n_dense_layers=1)
@@ -55,7 +54,7 @@ def test_causality(n_expert):
 def test_kv_cache_greedy_equals_full_forward(n_expert):
     model = tiny(n_expert=n_expert)
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [5, 3, 9]]   # incl. a duplicate
-    outs = engine.generate(model, prompts, max_new_tokens=12, temperature=0)
+    outs = sampling.reference(model, prompts, max_new_tokens=12, temperature=0)
     for p, o in zip(prompts, outs):
         assert o["tokens"] == greedy_by_full_forward(model, p, 12)
         logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
@@ -64,15 +63,15 @@ def test_kv_cache_greedy_equals_full_forward(n_expert):
 
 
 def test_stop_ids_retire_rows():
-    """fast.generate_retiring: rows leave the batch at their first stop id, with the tokens and routes
+    """sampling.retiring: rows leave the batch at their first stop id, with the tokens and routes
     of a run without stops cut there."""
     model = tiny()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [4, 4, 2, 7, 1], [2, 2]]
-    full = engine.generate(model, prompts, max_new_tokens=12, temperature=0, return_routes=True)
+    full = sampling.reference(model, prompts, max_new_tokens=12, temperature=0, return_routes=True)
     stop = {full[0]["tokens"][2], full[3]["tokens"][5]}
     batch_sizes = []                                     # rows fed to the LM head at each forward
     hook = model.lm_head.register_forward_hook(lambda mod, args, out: batch_sizes.append(args[0].size(0)))
-    cut = fast.generate_retiring(model, prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
+    cut = sampling.retiring(model, prompts, max_new_tokens=12, temperature=0, stop_ids=stop, return_routes=True)
     hook.remove()
     assert batch_sizes[1] == 5 and batch_sizes[-1] < 5   # finished rows left the batch
     for f, c, p in zip(full, cut, prompts):
@@ -92,7 +91,7 @@ def test_grouped_dispatch_equals_loop_reference():
     moe.bias[4:] = -10.0      # experts 4 and 5 can never be chosen: they receive no tokens
     x = torch.randn(3, 7, 32)
     results = {}
-    modes = ["loop", "sorted", "dense"] + (["grouped"] if M.HAS_GROUPED_MM else [])
+    modes = ["sorted", "dense"] + (["grouped"] if M.HAS_GROUPED_MM else [])
     for mode in modes:
         MoE.dispatch = mode
         moe.zero_grad()
@@ -103,9 +102,9 @@ def test_grouped_dispatch_equals_loop_reference():
         counts = moe.stats["counts"]
     assert counts[4] == 0 and counts[5] == 0 and counts[:4].sum() == 3 * 7 * 2
     for mode in modes[1:]:
-        for a, b in zip(results["loop"], results[mode]):   # dense sums E products per token: other rounding
+        for a, b in zip(results["sorted"], results[mode]):   # dense sums E products per token: other rounding
             torch.testing.assert_close(b, a, rtol=1e-5, atol=5e-6 if mode == "dense" else 1e-6)
-    assert results["loop"][3][4:].abs().sum() == 0     # w1 grads of the idle experts are exactly zero
+    assert results["sorted"][3][4:].abs().sum() == 0     # w1 grads of the idle experts are exactly zero
 
 
 def test_grouped_mm_backward_from_sum():
@@ -245,7 +244,7 @@ def test_router_replay():
     model = tiny()
     g = torch.Generator().manual_seed(1)
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7]]
-    outs = engine.generate(model, prompts, max_new_tokens=10, temperature=1.0, generator=g, return_routes=True)
+    outs = sampling.reference(model, prompts, max_new_tokens=10, temperature=1.0, generator=g, return_routes=True)
     seqs = [p + o["tokens"][:-1] for p, o in zip(prompts, outs)]
     T = max(map(len, seqs))
     idx = torch.full((2, T), 60)
@@ -272,19 +271,6 @@ def test_router_replay():
     assert model.moe_layers()[0].router.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("n_shared", [0, 1, 2])
-def test_upcycle_reproduces_dense(n_shared):
-    dense = tiny(n_expert=1)
-    moe = upcycle(dense, n_expert=4, top_k=2, n_shared_expert=n_shared).eval()
-    assert moe.n_moe_layers == 2 and moe.config.n_expert == 4
-    idx = torch.randint(0, 61, (2, 12))
-    a, _ = dense(idx)
-    b, _ = moe(idx)
-    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    noisy = upcycle(dense, n_expert=4, top_k=2, n_shared_expert=n_shared, noise=0.1).eval()
-    assert not torch.allclose(noisy(idx)[0], a, atol=1e-5)
-
-
 def test_extend_context_keeps_weights_and_stretches_the_rope_base():
     model = tiny()
     longer, theta = extend_context(model, 4 * model.config.seq_len)
@@ -297,7 +283,7 @@ def test_extend_context_keeps_weights_and_stretches_the_rope_base():
     assert torch.isfinite(longer.eval()(idx)[0]).all()      # a context the old model could not take
 
 
-@pytest.mark.parametrize("dispatch", ["auto", "sorted", "grouped", "loop"])
+@pytest.mark.parametrize("dispatch", ["auto", "sorted", "grouped"])
 def test_bf16_autocast_forward_backward(dispatch):
     if dispatch == "grouped" and not M.HAS_GROUPED_MM:
         pytest.skip("no grouped_mm")
@@ -312,7 +298,7 @@ def test_bf16_autocast_forward_backward(dispatch):
     assert router.grad is not None and torch.isfinite(router.grad).all() and router.grad.abs().sum() > 0
     assert all(p.grad is not None for p in model.parameters())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = engine.generate(model, [[1, 2, 3], [4]], max_new_tokens=4, temperature=0)
+        outs = sampling.reference(model, [[1, 2, 3], [4]], max_new_tokens=4, temperature=0)
     assert [len(o["tokens"]) for o in outs] == [4, 4]
 
 
@@ -328,14 +314,14 @@ def test_save_load_round_trip(tmp_path):
     clone.load_state_dict(ck["model"])
     model.eval(), clone.eval()
     assert torch.equal(model(idx)[0], clone(idx)[0])
-    assert engine.generate(model, [[1, 2]], 5, temperature=0) == engine.generate(clone, [[1, 2]], 5, temperature=0)
+    assert sampling.reference(model, [[1, 2]], 5, temperature=0) == sampling.reference(clone, [[1, 2]], 5, temperature=0)
 
 
 def test_sampling_filters_and_logprobs():
     model = tiny()
     g = torch.Generator().manual_seed(0)
     prompts = [[5, 3, 9], [1, 2]] * 3
-    outs = engine.generate(model, prompts, max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, generator=g)
+    outs = sampling.reference(model, prompts, max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, generator=g)
     for p, o in zip(prompts, outs):
         logits, _ = model(torch.tensor([p + o["tokens"][:-1]]))
         lp = (logits[0, len(p) - 1:] / 0.7).log_softmax(-1)
@@ -343,7 +329,7 @@ def test_sampling_filters_and_logprobs():
         assert (lp.topk(5, -1).indices == toks[:, None]).any(-1).all()       # inside the top-5
         torch.testing.assert_close(torch.tensor(o["logprobs"]), lp.gather(-1, toks[:, None]).squeeze(1),
                                    rtol=0, atol=1e-4)                    # log-probs BEFORE filtering
-    assert engine.sample(torch.tensor([[0.0, 5.0, 4.9, -9.0]]), 1.0, 0, 0.5)[0].item() == 1   # top-p keeps >= 1
+    assert sampling.sample(torch.tensor([[0.0, 5.0, 4.9, -9.0]]), 1.0, 0, 0.5)[0].item() == 1   # top-p keeps >= 1
 
 
 def test_param_counts_flops_and_step0_loss():
@@ -403,13 +389,13 @@ def test_generate_takes_a_tensor_of_prompts():
     model = tiny()
     idx = torch.tensor([[5, 3, 9, 1], [1, 2, 3, 4]])
     g = torch.Generator()
-    a = engine.generate(model, idx, 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
-    b = engine.generate(model, idx.tolist(), 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    a = sampling.reference(model, idx, 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
+    b = sampling.reference(model, idx.tolist(), 6, temperature=1.0, generator=g.manual_seed(3), return_routes=True)
     assert [o["tokens"] for o in a] == [o["tokens"] for o in b] and len(a[1]["tokens"]) == 6
     assert all(torch.equal(x["routes"], y["routes"]) for x, y in zip(a, b))
     for bad in (idx[0], idx.float(), [[1, "a"]], 7):
         with pytest.raises(ValueError, match="prompts must be a .B, T. integer tensor or a list of token-id lists"):
-            engine.generate(model, bad, 2)
+            sampling.reference(model, bad, 2)
 
 
 def test_decode_threads_changes_speed_not_samples(monkeypatch):
@@ -418,8 +404,8 @@ def test_decode_threads_changes_speed_not_samples(monkeypatch):
     threads = torch.get_num_threads()
     outs = []
     for n in (0, 1):
-        monkeypatch.setattr(fast, "THREADS", n)
-        outs.append(fast.generate(model, prompts, 10, temperature=1.0,
+        monkeypatch.setattr(sampling, "THREADS", n)
+        outs.append(sampling.generate(model, prompts, 10, temperature=1.0,
                                             generator=torch.Generator().manual_seed(0)))
         assert torch.get_num_threads() == threads        # restored after generation
     for a, b in zip(*outs):
@@ -436,7 +422,7 @@ def test_sampled_distribution_matches_full_forward():
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     p, n, temp = [5, 3, 9, 1], 8000, 0.8
-    outs = engine.generate(model, [p] * n, 2, temperature=temp, stop_ids=[7], generator=torch.Generator().manual_seed(0))
+    outs = sampling.reference(model, [p] * n, 2, temperature=temp, stop_ids=[7], generator=torch.Generator().manual_seed(0))
     first = torch.tensor([o["tokens"][0] for o in outs])
     t = int(torch.bincount(first).argmax())
     second = torch.tensor([o["tokens"][1] for o in outs if o["tokens"][0] == t and len(o["tokens"]) == 2])
@@ -454,21 +440,21 @@ def test_generate_continues_a_past_like_the_full_prompt():
     model = tiny()
     g = torch.Generator().manual_seed(3)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3   # 12 rows: a finished row
-    first = engine.generate(model, prompts, 6, temperature=1.0, stop_ids=[5, 17, 23, 40], generator=g,   # lingers
+    first = sampling.reference(model, prompts, 6, temperature=1.0, stop_ids=[5, 17, 23, 40], generator=g,   # lingers
                            return_past=True)                    # until 1/8 are done, writing junk
     assert {len(o["tokens"]) for o in first} != {6}            # some rows stopped early
     feeds = [[30, 31], [32, 33, 34, 35], [36], [37, 38, 39]] * 3
-    cont = engine.generate(model, feeds, 5, temperature=0, past=[o["past"] for o in first], return_routes=True)
+    cont = sampling.reference(model, feeds, 5, temperature=0, past=[o["past"] for o in first], return_routes=True)
     for p, o, f, c in zip(prompts, first, feeds, cont):
         assert o["past"].size(3) == len(p) + len(o["tokens"]) - 1
         whole = p + o["tokens"][:-1] + f
-        ref = engine.generate(model, [whole], 5, temperature=0, return_routes=True)[0]
+        ref = sampling.reference(model, [whole], 5, temperature=0, return_routes=True)[0]
         assert c["tokens"] == ref["tokens"] == greedy_by_full_forward(model, whole, 5)
         assert torch.allclose(torch.tensor(c["logprobs"]), torch.tensor(ref["logprobs"]), atol=1e-5)
         assert torch.equal(c["routes"], ref["routes"][:, -c["routes"].size(1):])
     # a third turn continues the second's past the same way
-    again = engine.generate(model, [[41, 42]] * len(prompts), 4, temperature=0,
-                           past=[engine.generate(model, f, 5, temperature=0, past=[o["past"]], return_past=True)[0]["past"]
+    again = sampling.reference(model, [[41, 42]] * len(prompts), 4, temperature=0,
+                           past=[sampling.reference(model, f, 5, temperature=0, past=[o["past"]], return_past=True)[0]["past"]
                                  for f, o in zip(([f] for f in feeds), first)])
     for p, o, f, c, a in zip(prompts, first, feeds, cont, again):
         whole = p + o["tokens"][:-1] + f + c["tokens"][:-1] + [41, 42]
@@ -477,7 +463,7 @@ def test_generate_continues_a_past_like_the_full_prompt():
 
 @pytest.mark.slow   # a torch.compile of the decode step
 def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """fast.COMPILE (eval.py --compile-decode): decode steps through
+    """sampling.COMPILE (eval.py --compile-decode): decode steps through
     torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
     routes as the eager steps, log-probs within float rounding of the eager ones and of a full
     forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
@@ -486,15 +472,15 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
 
     def run():
-        return fast.generate(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
+        return sampling.generate(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
                              generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(fast, "_COMPILED", {})            # a compile of its own, whatever ran before
+    monkeypatch.setattr(sampling, "_COMPILED", {})            # a compile of its own, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for update in range(2):
         eager = run()
-        monkeypatch.setattr(fast, "COMPILE", True)
+        monkeypatch.setattr(sampling, "COMPILE", True)
         compiled = run()
-        monkeypatch.setattr(fast, "COMPILE", False)
+        monkeypatch.setattr(sampling, "COMPILE", False)
         assert {len(o["tokens"]) for o in eager} != {10}                  # some rows stopped early
         for p, a, b in zip(prompts, eager, compiled):
             assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
@@ -506,12 +492,12 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
             for q in model.parameters():
                 q.mul_(1.3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile (not eager)
-    # a multi-turn continuation (engine.run_episodes): each row's cache starts from its past
-    first = engine.generate(model, prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
+    # a multi-turn continuation (env.run_episodes): each row's cache starts from its past
+    first = sampling.reference(model, prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
     cont = {}
     for on in (False, True):
-        monkeypatch.setattr(fast, "COMPILE", on)
-        cont[on] = fast.generate(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
+        monkeypatch.setattr(sampling, "COMPILE", on)
+        cont[on] = sampling.generate(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
                                            past=[o["past"] for o in first], generator=torch.Generator().manual_seed(2),
                                            return_routes=True)
     for a, b in zip(cont[False], cont[True]):
@@ -521,8 +507,8 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     same = {}
     for on in (False, True):
-        monkeypatch.setattr(fast, "COMPILE", on)
-        same[on] = fast.generate(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
+        monkeypatch.setattr(sampling, "COMPILE", on)
+        same[on] = sampling.generate(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
                                            generator=torch.Generator().manual_seed(3))
     assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
@@ -535,7 +521,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
 
 def test_compiled_decode_falls_back_to_eager(monkeypatch):
     """Where torch.compile cannot build the step (no C++ compiler, say), generate warns once and
-    decodes eagerly: the same samples as with fast.COMPILE off."""
+    decodes eagerly: the same samples as with sampling.COMPILE off."""
     model = tiny()
 
     def broken(fn, **kw):
@@ -543,15 +529,15 @@ def test_compiled_decode_falls_back_to_eager(monkeypatch):
             raise RuntimeError("no C++ compiler")
         return call
     def run():
-        return fast.generate(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
+        return sampling.generate(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
                              generator=torch.Generator().manual_seed(0))
     eager = run()
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(fast, "_COMPILED", {})       # as if no earlier test had compiled the step
-    monkeypatch.setattr(fast, "COMPILE", True)
+    monkeypatch.setattr(sampling, "_COMPILED", {})       # as if no earlier test had compiled the step
+    monkeypatch.setattr(sampling, "COMPILE", True)
     with pytest.warns(UserWarning, match="decoding eagerly"):
         compiled = run()
-    assert compiled == eager and fast._COMPILED["trunk"] is False
+    assert compiled == eager and sampling._COMPILED["trunk"] is False
     assert run() == eager
 
 
@@ -571,32 +557,32 @@ def host_reads(monkeypatch):
 
 @pytest.mark.parametrize("dispatch", ["auto", "grouped", "dense"])
 def test_sync_free_decode_reads_the_host_every_few_tokens(monkeypatch, dispatch):
-    """fast.SYNC_FREE (GPU decoding, forced here on CPU): the decode loop reads nothing from the
+    """sampling.SYNC_FREE (GPU decoding, forced here on CPU): the decode loop reads nothing from the
     device per token, only the finished rows every DONE_EVERY tokens: 48 more tokens add 3 looks, at
     most 2 reads each (their count; the rows to keep, where rows retire), for any MoE dispatch that
     keeps group sizes on the device. The CPU loop reads every token (the check that the count sees
     them), and MoE 'sorted' reads the group sizes."""
     MoE.dispatch = dispatch
-    monkeypatch.setattr(fast, "DONE_EVERY", 16)
+    monkeypatch.setattr(sampling, "DONE_EVERY", 16)
     model, prompts = tiny(), [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 3      # padded: a masked decode step
     extra = {}
     for free in (True, False):
-        monkeypatch.setattr(fast, "SYNC_FREE", free)
+        monkeypatch.setattr(sampling, "SYNC_FREE", free)
         counts = []
         for n in (17, 65):
             with monkeypatch.context() as m:
                 seen = host_reads(m)
-                fast.generate_retiring(model, prompts, n, temperature=1.0, stop_ids=[60], return_routes=True,
+                sampling.retiring(model, prompts, n, temperature=1.0, stop_ids=[60], return_routes=True,
                                 generator=torch.Generator().manual_seed(0))
             counts.append(len(seen))
         extra[free] = counts[1] - counts[0]
     assert extra[True] <= 6 and extra[False] >= 48, extra
     if dispatch == "auto":
-        monkeypatch.setattr(fast, "SYNC_FREE", True)
+        monkeypatch.setattr(sampling, "SYNC_FREE", True)
         MoE.dispatch = "sorted"
         with monkeypatch.context() as m:
             seen = host_reads(m)
-            fast.generate_retiring(model, prompts, 8, temperature=1.0)
+            sampling.retiring(model, prompts, 8, temperature=1.0)
         assert seen.count("tolist") >= 7 * model.n_moe_layers
 
 
@@ -609,11 +595,11 @@ def test_sync_free_decode_samples_what_generate_does(monkeypatch):
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [6, 7, 8]] * 3
     runs = {}
     for free in (False, True):
-        monkeypatch.setattr(fast, "SYNC_FREE", free)
-        monkeypatch.setattr(fast, "DONE_EVERY", 4)
-        runs[free] = (fast.generate_retiring(model, prompts, 11, temperature=0, stop_ids=[5, 46, 34], return_routes=True,
+        monkeypatch.setattr(sampling, "SYNC_FREE", free)
+        monkeypatch.setattr(sampling, "DONE_EVERY", 4)
+        runs[free] = (sampling.retiring(model, prompts, 11, temperature=0, stop_ids=[5, 46, 34], return_routes=True,
                                       return_past=True),
-                      fast.generate(model, prompts * 2, 9, temperature=1.0, top_p=0.9, return_routes=True,
+                      sampling.generate(model, prompts * 2, 9, temperature=1.0, top_p=0.9, return_routes=True,
                                               generator=torch.Generator().manual_seed(4)))
     assert {len(o["tokens"]) for o in runs[False][0]} == {2, 4, 6}      # rows stopped at several steps
     for a, b in zip(runs[False][0], runs[True][0]):
@@ -632,7 +618,7 @@ def test_sync_free_decode_samples_what_generate_does(monkeypatch):
             pass
     monkeypatch.setattr(torch, "randint", lambda *a, generator=None, **kw: torch.tensor([5]))
     monkeypatch.setattr(torch, "Generator", lambda dev: made.append(dev) or real(dev))
-    out = fast.generate_retiring(model, prompts[:2], 3, temperature=1.0, generator=Elsewhere())
+    out = sampling.retiring(model, prompts[:2], 3, temperature=1.0, generator=Elsewhere())
     assert made == [torch.device("cpu")] and len(out[0]["tokens"]) == 3
 
 
@@ -653,7 +639,7 @@ def test_matched_heads_attention_equals_enable_gqa(n_head, n_kv_head):
             M.Attention.gqa = mode
             with torch.no_grad():
                 lp, _ = token_logprobs(model, idx, idx, None, 1.0, pos=pos, seg=seg)
-            out[mode] = lp, engine.generate(model, prompts, 8, temperature=0, return_routes=True)
+            out[mode] = lp, sampling.reference(model, prompts, 8, temperature=0, return_routes=True)
     finally:
         M.Attention.gqa = "auto"
     torch.testing.assert_close(out["native"][0], out["matched"][0], rtol=0, atol=1e-5)
@@ -664,7 +650,7 @@ def test_matched_heads_attention_equals_enable_gqa(n_head, n_kv_head):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention_is_fused():
-    """On a GPU, in bf16 autocast (as fast.generate decodes) and in fp32 (MoE.DENSE_ROWS): 48 more
+    """On a GPU, in bf16 autocast (as sampling.generate decodes) and in fp32 (MoE.DENSE_ROWS): 48 more
     tokens of a padded batch cost at most 3 more synchronisations (torch.cuda.set_sync_debug_mode
     counts them), and a masked GQA attention (packed RL rows, a padded decode step) runs with the
     math backend turned off."""
@@ -680,7 +666,7 @@ def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    fast.generate_retiring(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
+                    sampling.retiring(model, prompts, n, temperature=1.0, stop_ids=[60], generator=g, return_routes=True)
                 finally:
                     torch.cuda.set_sync_debug_mode(0)
             counts.append(sum("synchroniz" in str(w.message) for w in seen))
@@ -692,7 +678,7 @@ def test_gpu_decoding_waits_for_the_device_every_few_tokens_and_masked_attention
     attn = model.blocks[0].attn.to(torch.bfloat16)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]), torch.no_grad():
         attn(x, cos, sin, mask=block_mask(seg))
-        cache = engine.KVCache(model.config.n_layer, 41)
+        cache = sampling.KVCache(model.config.n_layer, 41)
         attn(x, cos, sin, cache, block_mask(seg))
         cache.pos = 40
         attn(x[:, :1], cos[:, :, :1], sin[:, :, :1], cache, (torch.arange(41, device="cuda") > 2).expand(3, 1, 1, 41))

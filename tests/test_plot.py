@@ -1,11 +1,12 @@
-"""plot.py: PNG figures from metrics.jsonl files, several runs overlaid; clear errors on bad input."""
+"""lab/plot.py: PNG figures from metrics.jsonl files, several runs overlaid; clear errors on bad input."""
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-import plot
+from lab import plot
 
 
 def write_run(d, records):
@@ -31,8 +32,8 @@ def test_figures_from_two_runsh_dirs(tmp_path):
     fake_runsh_dir(tmp_path / "a")
     fake_runsh_dir(tmp_path / "b", scale=2.0)
     out = tmp_path / "figs"
-    p = subprocess.run([sys.executable, "plot.py", str(tmp_path / "a"), str(tmp_path / "b"), "--label", "A",
-                        "--label", "B", "--out-dir", str(out)], cwd=plot.__file__.rsplit("/", 1)[0],
+    p = subprocess.run([sys.executable, "-m", "lab.plot", str(tmp_path / "a"), str(tmp_path / "b"), "--label", "A",
+                        "--label", "B", "--out-dir", str(out)], cwd=os.path.dirname(os.path.dirname(plot.__file__)),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])

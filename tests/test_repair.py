@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import env
+from sandbox.pool import SandboxPool
 from data import repair
 from data.tasks import generate_tasks
 from test_pretrain import run, train_text
-from data.tokenizer import Tokenizer
+from tokenizer import Tokenizer
 
 BODY = """\
     total = 0
@@ -32,7 +33,7 @@ def parses(body):
 
 @pytest.fixture(scope="module")
 def pool():
-    with env.SandboxPool(workers=2, timeout_s=1.0) as p:
+    with SandboxPool(workers=2, timeout_s=1.0) as p:
         yield p
 
 
@@ -87,7 +88,7 @@ def test_transcripts_fail_for_real_and_show_only_visible_examples(train, pool):
     found = repair.repairs(train, pool, seed=0, frac=0.5)
     docs = repair.repair_docs(train, pool, seed=0, frac=0.5)
     assert 15 <= len(found) == len(docs) and docs == repair.repair_docs(train, pool, seed=0, frac=0.5)
-    results = pool.run_batch([env.visible_task(t) for t, _, _ in found], [w for _, w, _ in found])
+    results = pool.run_batch(env.runs([env.visible_task(t) for t, _, _ in found], [w for _, w, _ in found]))
     for (t, wrong, r), again, doc in zip(found, results, docs):
         assert r.outcome not in ("pass", "sandbox_error", "no_code") and again.outcome == r.outcome
         assert again.feedback == r.feedback                  # the wrong attempt really fails, the same way

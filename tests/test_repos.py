@@ -16,6 +16,7 @@ import pytest
 from data import repos, world
 from data.repos import RepoTask
 from data.tasks import parse_difficulties
+from sandbox.pool import SandboxPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -257,9 +258,9 @@ def test_transcripts_are_episodes_the_harness_would_run():
     encode_doc) to the ids of its text with every issue and observation id marked context."""
     import env
     from data import corpus
-    from data.tokenizer import train_tokenizer
+    from tokenizer import train_tokenizer
     tasks = repos.generate_repo_tasks("train", 40, seed=3, difficulties=[1, 2, 3])
-    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
+    with SandboxPool(workers=2, timeout_s=2.0) as pool:
         docs = repos.transcripts(tasks, pool, seed=0)
         tok = train_tokenizer(list(docs), 400).with_tools()
         detours, oracles = 0, 0
@@ -269,12 +270,13 @@ def test_transcripts_are_episodes_the_harness_would_run():
             one_edit = env.Tools(inline=True, actions=("edit", "submit"), max_actions=1)
             tools = one_edit if oracle else env.Tools()
             assert segs[0] == (tools.prompt(t), True, False) and "".join(p for p, _, _ in segs) == doc
-            e, k, seen = tools.start(t), 1, []
+            e, k, seen = env.Episode(0), 1, []
+            tools.start(t, e)
             while k < len(segs):
                 name, payload = segs[k][0], segs[k + 1][0] if segs[k + 1][0] != "<|end|>" else ""
                 k += 3 if payload else 2
                 ids = [tok.tool_ids[name]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
-                obs = tools.step(tok, pool, [(t, e, {"tokens": ids})], not oracle)[0]
+                obs = tools.step(tok, pool, [(t, e, env.Turn([], ids, []))], not oracle)[0]
                 seen.append((name[2:-2], payload))
                 if obs is None:
                     break
@@ -283,7 +285,7 @@ def test_transcripts_are_episodes_the_harness_would_run():
             names = [a for a, _ in seen]
             assert k == len(segs) and (names == ["edit"] if oracle else names[-1] == "submit")
             tools.finish(pool, [(t, e)])
-            assert e["result"].passed, t.task_id
+            assert e.result.passed, t.task_id
             oracles += oracle
             if not oracle:
                 assert ("read", t.config_file) in seen and seen.index(("read", t.config_file)) < len(seen) - 3

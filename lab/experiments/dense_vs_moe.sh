@@ -3,11 +3,11 @@
 # dense MLP of width (top_k + n_shared) * H (--n-expert 1 --top-k 1 --n-shared-expert 0 --expert-hidden that width;
 # 384 on cpu), same data, same steps; then the same RL run on each. Pretraining curves, the RL gain, and both
 # models' active/total parameters.
-#   PRESET=smoke OUT=/tmp/dm bash experiments/dense_vs_moe.sh       # wiring check, under a minute on 2 cores
-#   bash experiments/dense_vs_moe.sh                                # cpu preset
+#   PRESET=smoke OUT=/tmp/dm bash lab/experiments/dense_vs_moe.sh       # wiring check, under a minute on 2 cores
+#   bash lab/experiments/dense_vs_moe.sh                                # cpu preset
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source experiments/lib.sh
+cd "$(dirname "$0")/../.."
+source lab/experiments/lib.sh
 PRESET=${PRESET:-cpu}
 OUT=${OUT:-runs/exp/dense_vs_moe_$PRESET}
 SEEDS=${SEEDS:-0}
@@ -31,7 +31,7 @@ for S in $SEEDS; do
       --init-from "$(json_get "$OUT/pretrain_${M}_s$S.json" ckpt)" --out-dir "$OUT/rl_${M}_s$S"
   done
 done
-python experiments/report.py "$OUT" --title "Dense vs MoE at equal active parameters ($PRESET)"
-python plot.py $(for S in $SEEDS; do echo "$OUT/moe_s$S $OUT/dense_s$S $OUT/rl_moe_s$S $OUT/rl_dense_s$S"; done) \
+python -m lab.experiments.report "$OUT" --title "Dense vs MoE at equal active parameters ($PRESET)"
+python -m lab.plot $(for S in $SEEDS; do echo "$OUT/moe_s$S $OUT/dense_s$S $OUT/rl_moe_s$S $OUT/rl_dense_s$S"; done) \
   --out-dir "$OUT" > /dev/null
 echo "table and figures: $OUT/results.md $OUT/pretrain.png $OUT/rl.png"

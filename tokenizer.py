@@ -1,9 +1,8 @@
 """
 A byte-level BPE tokenizer for code: our own trainer, tiktoken for encoding/decoding.
 
-    python -m data.tokenizer train --vocab-size 8192 --out tok.json        # train on the stdlib sources
-    python -m data.tokenizer train --vocab-size 2048 --max-mb 2 --out tok.json
-    python -c "from data.tokenizer import Tokenizer; print(Tokenizer.load('tok.json').encode('def f(x):'))"
+    tok = train_tokenizer(stdlib_texts(), 8192)      # train on the stdlib sources (train_pretrain.py does)
+    python -c "from tokenizer import Tokenizer; print(Tokenizer.load('tok.json').encode('def f(x):'))"
 
 Why its own module: the pretraining, RL and eval scripts must all tokenize *identically*
 (checkpoints embed `to_dict()`, the harness relies on the prefix property below), so the
@@ -14,7 +13,8 @@ pre-tokens by a regex, identical pre-tokens are counted once ("words" with count
 on the unique words. Instead of recounting every pair after each merge (O(corpus) per merge), we
 keep pair -> count and pair -> set of word ids, update only the words that contain the merged
 pair, and find the best pair with a max-heap with lazy deletion. Ties: highest count, then the
-smallest (left id, right id), so the result is deterministic and equals the naive trainer's.
+smallest (left id, right id), so the result is deterministic (tests/test_tokenizer.py checks it
+against merges worked out by hand).
 
 Encoding goes through a `tiktoken.Encoding` built from the trained ranks (fast, battle-tested,
 byte-exact round trip); it is never fetched from the network (no `tiktoken.get_encoding`).
@@ -24,7 +24,6 @@ import hashlib
 import heapq
 import json
 import os
-import time
 from collections import Counter, defaultdict
 from typing import Iterable
 
@@ -62,7 +61,7 @@ PATTERN = "|".join([
     r" ?[^\s\p{L}\p{N}]++(?:\r?\n)?",         # punctuation runs: "(", " ==", "):\n", "\"\"\"\n"
     r"[^\S\r\n]*\r?\n",                       # (trailing blanks +) one newline, LF or CRLF
     r"[^\S\r\n]+",                            # indentation / other runs of spaces and tabs
-    r"\r",                                   # a lone CR (every char must match: tiktoken drops unmatched text)
+    r"\r",                 # a lone CR (every char must match: tiktoken drops unmatched text)
 ])
 
 
@@ -131,38 +130,6 @@ def bpe_train_words(word_counts: dict[bytes, int], n_tokens: int) -> list[bytes]
     return vocab
 
 
-def bpe_train_words_naive(word_counts: dict[bytes, int], n_tokens: int) -> list[bytes]:
-    """The reference for bpe_train_words: recount every pair after each merge (minbpe's loop), same
-    tie rule, same result, about 30x slower. Kept here so tests and bench.py check against one copy."""
-    vocab = [bytes([i]) for i in range(256)]
-    ids = {t: i for i, t in enumerate(vocab)}
-    words, counts = [list(w) for w in word_counts], list(word_counts.values())
-    while len(vocab) < n_tokens:
-        stats = defaultdict(int)
-        for w, c in zip(words, counts):
-            for p in zip(w, w[1:]):
-                stats[p] += c
-        if not stats:
-            break
-        a, b = min(stats, key=lambda p: (-stats[p], p))
-        merged = vocab[a] + vocab[b]
-        if merged not in ids:
-            ids[merged] = len(vocab)
-            vocab.append(merged)
-        new, merged_words = ids[merged], []
-        for w in words:
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == (a, b):
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged_words.append(out)
-        words = merged_words
-    return vocab
-
 def count_words(texts: Iterable[str]) -> Counter:
     """Pre-tokenize and count identical pre-tokens (BPE never merges across them)."""
     pat, words = regex.compile(PATTERN), Counter()
@@ -227,7 +194,8 @@ class Tokenizer:
     @staticmethod
     def from_dict(d: dict) -> "Tokenizer":
         if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} tokenizer (format={d.get('format') if isinstance(d, dict) else None!r})")
+            found = d.get("format") if isinstance(d, dict) else None
+            raise ValueError(f"not a {FORMAT} tokenizer (format={found!r})")
         try:
             ranks = [base64.b64decode(s, validate=True) for s in d["ranks"]]
             pattern, specials = d["pattern"], d["special_tokens"]
@@ -278,25 +246,3 @@ def stdlib_texts(max_mb: float | None = None) -> list[str]:
         if max_mb is not None and total >= max_mb * 1e6:
             break
     return texts
-
-
-if __name__ == "__main__":
-    from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2
-    ap = ArgumentParser(prog="python -m data.tokenizer",
-                        description="Train the code BPE tokenizer on the stdlib sources.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    tr = sub.add_parser("train", help="train and save a tokenizer JSON")
-    tr.add_argument("--vocab-size", type=int, default=8192, help="total vocab incl. the 2 special tokens")
-    tr.add_argument("--max-mb", type=float, default=None, help="use only the first N MB of the stdlib corpus")
-    tr.add_argument("--out", required=True, help="output tokenizer JSON path")
-    args = ap.parse_args()
-    texts = stdlib_texts(args.max_mb)
-    t0 = time.time()
-    tok = train_tokenizer(texts, args.vocab_size)
-    train_s = time.time() - t0
-    tok.save(args.out)
-    n_bytes = sum(len(t.encode()) for t in texts)
-    n_tokens = sum(map(len, tok.encode_batch(texts)))
-    print(json.dumps({"out": args.out, "vocab_size": tok.vocab_size, "corpus_mb": round(n_bytes / 1e6, 2),
-                      "train_s": round(train_s, 2), "bytes_per_token": round(n_bytes / n_tokens, 3),
-                      "fingerprint": tok.fingerprint()}))

@@ -1,9 +1,9 @@
-"""experiments/report.py: the markdown table (and the Finding-1 scatter) of one experiment directory.
+"""lab/experiments/report.py: the markdown table (and the Finding-1 scatter) of one experiment directory.
 
-    python experiments/report.py runs/exp/cpt_budget --title "Finding 1" --scatter
-    python experiments/report.py runs/exp/router_replay --title "Router replay" --curve logp_mismatch
+    python -m lab.experiments.report runs/exp/cpt_budget --title "Finding 1" --scatter
+    python -m lab.experiments.report runs/exp/router_replay --title "Router replay" --curve logp_mismatch
 
-An experiment script (experiments/*.sh, through experiments/lib.sh's run_stage) leaves one JSON summary per
+An experiment script (lab/experiments/*.sh, through lab/experiments/lib.sh's run_stage) leaves one JSON summary per
 stage in its directory: pretrain_<run>.json and rl_<run>.json, where <run> is <config>_s<seed>. This script
 reads them (and the RL runs' metrics.jsonl for per-step means), writes results.md with one row per run and one
 mean row per config (so the seed-to-seed noise is in the table next to the effect), and with --scatter draws

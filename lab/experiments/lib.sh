@@ -1,4 +1,4 @@
-# Shared by run.sh and experiments/*.sh (source it): one way to run a stage and keep its summary.
+# Shared by run.sh and lab/experiments/*.sh (source it): one way to run a stage and keep its summary.
 # run_stage NAME CMD...: runs CMD, keeps its log in $OUT/NAME.log, stops the whole script with the stage's
 # last lines if it fails, and leaves the stage's final JSON summary line in $OUT/NAME.json.
 # RESUME=1: a stage whose summary is already in $OUT is not run again (a long experiment picks up where it stopped).

@@ -1,8 +1,8 @@
-"""plot.py: figures from the metrics.jsonl that every run writes (pretraining and RL), several runs overlaid.
+"""lab/plot.py: figures from the metrics.jsonl that every run writes (pretraining and RL), several runs overlaid.
 
-    python plot.py runs/cpu --out-dir runs/cpu/figures              # a run.sh directory (pretrain/ + rl/)
-    python plot.py runs/a/rl runs/b/rl --label a --label b --out-dir figs
-    python plot.py runs/cpu/pretrain --out-dir figs --prefix cpu_   # file names cpu_pretrain.png, ...
+    python -m lab.plot runs/cpu --out-dir runs/cpu/figures              # a run.sh directory (pretrain/ + rl/)
+    python -m lab.plot runs/a/rl runs/b/rl --label a --label b --out-dir figs
+    python -m lab.plot runs/cpu/pretrain --out-dir figs --prefix cpu_   # file names cpu_pretrain.png, ...
 
 Writes up to three PNG files into --out-dir:
   pretrain.png  training loss and validation bits-per-byte over tokens seen
@@ -129,7 +129,7 @@ def plot_rl_time(runs, path):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="plot.py", description=__doc__.split("\n")[0],
+    p = ArgumentParser(prog="lab/plot.py", description=__doc__.split("\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories (with metrics.jsonl, or run.sh's pretrain/ and rl/)")
     p.add_argument("--label", action="append", default=[], help="legend label per run directory (default: its name)")

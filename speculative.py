@@ -1,19 +1,19 @@
 """
 Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) with the model's multi-token-prediction
-modules (DeepSeek-V3) as the drafter: engine.generate's distribution, several tokens per trunk
-forward. A speed path, chosen by infra/fast.py generate where fast.SPECULATIVE is set and the model
-has MTP modules (agent.py); train_mtp.py trains the drafter; bench.py speculative and
+modules (DeepSeek-V3) as the drafter: sampling.reference's distribution, several tokens per trunk
+forward. A speed path, chosen by sampling.generate where sampling.SPECULATIVE is set and the model
+has MTP modules (agent.py); train_mtp.py trains the drafter; lab/bench.py speculative and
 docs/speculative.md measure it.
 """
 import torch
 
-from infra import engine, fast
+import sampling
 
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
              generator=None, past=None, return_past=False, stats=None) -> list[dict]:
-    """engine.generate's samples, several tokens per trunk forward: speculative sampling (Leviathan et al.
+    """sampling.reference's samples, several tokens per trunk forward: speculative sampling (Leviathan et al.
     2023; Chen et al. 2023) with the model's n_mtp MTP modules (DeepSeek-V3) as the drafter. Each
     step, the MTP levels draft n_mtp tokens (draft), one trunk forward scores the last token and every
     draft, and accept keeps each draft with probability min(1, p(d) / q(d)), p the model's
@@ -24,21 +24,21 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     rolled back by setting that pointer after the accepted tokens (the rejected columns are written
     again by the next step). Same prompts, stop ids, pasts (whose keys/values include the MTP layers'),
     retiring of finished rows and outputs as generate, without routes. stats: a list that receives
-    this call's counts (see count; bench.py reports them), one append, so threads may share it."""
-    prompts = engine.as_prompt_lists(prompts)
+    this call's counts (see count; lab/bench.py reports them), one append, so threads may share it."""
+    prompts = sampling.as_prompt_lists(prompts)
     D = model.config.n_mtp
     if not D:
         raise ValueError("speculative.generate: the model has no MTP modules (n_mtp = 0)")
-    if not engine.anything_to_generate(prompts, past, max_new_tokens):
+    if not sampling.anything_to_generate(prompts, past, max_new_tokens):
         return [{"tokens": [], "logprobs": []} for _ in prompts]
     # room after the prompt: the new tokens, then a step's drafts and the MTP levels' look-ahead
-    b = engine.prefill(model, prompts, past, max_new_tokens + 2 * D + 1, model.config.n_layer + D)
+    b = sampling.prefill(model, prompts, past, max_new_tokens + 2 * D + 1, model.config.n_layer + D)
     cache, rows, A, L, B = b.cache, b.rows, b.A, b.L, len(prompts)
     logits = model.lm_head(b.h[:, -1]).float()[rows]
     cache.select(rows)
     valid, pos = b.valid[rows], (b.n_past + b.lens)[rows]
     dev, ahead = pos.device, torch.arange(2 * D + 1, device=pos.device)
-    new, lp = (x[:, None] for x in engine.sample(logits, temperature, top_k, top_p, generator))
+    new, lp = (x[:, None] for x in sampling.sample(logits, temperature, top_k, top_p, generator))
     # the MTP levels read the prompt and the first token; pads read as zeros (training's "before the start")
     real = valid[:, A:A + L + D]
     h = b.h[rows].masked_fill(~real[:, :L, None], 0)
@@ -56,7 +56,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     alive = torch.arange(B, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     pasts, t = [None] * B, 0
-    def save_past(j):   # as in fast.generate_retiring
+    def save_past(j):   # as in sampling.retiring
         r = int(alive[j])
         n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
         pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
@@ -73,12 +73,12 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
             break
         if 8 * n_done >= len(alive):   # retire finished rows
             unfinished = ~done
-            new, drafts, valid, pos, alive, done, *carry = fast.retire(
+            new, drafts, valid, pos, alive, done, *carry = sampling.retire(
                 done, cache, save_past if return_past else None, new, drafts, valid, pos, alive, done, *carry)
             q = q[unfinished.nonzero().squeeze(1)] if q is not None else None
         # one trunk forward checks the drafts: the last token, then the drafts, from the pointer on
         at, x = cache.pos, torch.cat([new[:, -1:], drafts], 1)
-        h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, engine.attention_mask(valid, at, D + 1))
+        h, _ = model.trunk(x, pos[:, None] + ahead[:D + 1], cache, sampling.attention_mask(valid, at, D + 1))
         new, lp, run = accept(model.lm_head(h).float(), drafts, q, temperature, top_k, top_p, generator,
                               ~done)
         s = new.size(1)
@@ -92,7 +92,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
             save_past(j)
     if stats is not None:
         stats.append(counts)
-    return engine.outputs(tokens, logprobs, n_out, pasts if return_past else None, None, prompts, L)
+    return sampling.outputs(tokens, logprobs, n_out, pasts if return_past else None, None, prompts, L)
 
 
 def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, top_p, generator, real=None):
@@ -107,7 +107,7 @@ def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, to
     (B, n_mtp), their distributions (B, n_mtp, V; None when greedy) and the new carry."""
     s, D = h.size(1), len(model.mtp)
     cos, sin = model.rope(pos)
-    mask = engine.attention_mask(valid, at, s + D)
+    mask = sampling.attention_mask(valid, at, s + D)
     prev, fed, carry_out, drafts, qs = torch.cat([carry[0], h], 1), tokens, [h[:, -1:]], [], []
     for m, mod in enumerate(model.mtp):
         n = s + 1 + m
@@ -116,8 +116,8 @@ def draft(model, cache, at, carry, h, tokens, pos, valid, temperature, top_k, to
         if real is not None:
             out = out.masked_fill(~real[:, :n, None], 0)
         logits = model.lm_head(mod.norm(out[:, -1])).float()
-        q = None if temperature == 0 else engine.distribution(logits, temperature, top_k, top_p)[1]
-        drafts.append(logits.argmax(-1) if q is None else engine.draw(q, generator))
+        q = None if temperature == 0 else sampling.distribution(logits, temperature, top_k, top_p)[1]
+        drafts.append(logits.argmax(-1) if q is None else sampling.draw(q, generator))
         qs.append(q)
         if m + 1 < D:
             carry_out.append(out[:, s - 1:s])
@@ -141,7 +141,7 @@ def accept(logits, drafts, q, temperature, top_k, top_p, generator, live):
         kept = drafts == best[:, :-1]
     else:
         logp, p = (x.view(B, T, V)
-                   for x in engine.distribution(logits.view(B * T, V), temperature, top_k, top_p))
+                   for x in sampling.distribution(logits.view(B * T, V), temperature, top_k, top_p))
         u = torch.rand(B, T - 1, generator=generator, device=generator.device if generator else logits.device)
         pick = drafts[..., None]
         kept = u.to(logits.device) < keep_probability(p[:, :-1].gather(-1, pick)[..., 0],
@@ -151,7 +151,7 @@ def accept(logits, drafts, q, temperature, top_k, top_p, generator, live):
     if temperature == 0:
         fix = best[:, a]
     else:
-        fix = engine.draw(p[:, a] if a == T - 1 else (p[:, a] - q[:, a]).clamp_min(0), generator)
+        fix = sampling.draw(p[:, a] if a == T - 1 else (p[:, a] - q[:, a]).clamp_min(0), generator)
     last = torch.where(run > a, drafts[:, a], fix) if a < T - 1 else fix
     tokens = torch.cat([drafts[:, :a], last[:, None]], 1)
     return tokens, logp[:, :a + 1].gather(-1, tokens[..., None])[..., 0], run

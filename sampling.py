@@ -1,0 +1,463 @@
+"""
+Generation: everything that samples from the model (model.py is the architecture alone).
+
+    outs = sampling.generate(model, prompts, max_new_tokens=96, temperature=1.0, stop_ids=[eot])
+
+The reading path is `reference`: a KV cache, batched prompts, stop tokens, log-probs and routes (for
+router replay), pasts for multi-turn episodes; and its parts KVCache, prefill, sample. The speed paths
+live beside it, each tested equal to it (tests/test_generate.py), and are chosen in one place,
+`generate`, which everything that samples calls (env.run_episodes, eval.py, agent.py, pretraining's
+samples): finished rows retired from the batch (`retiring`), sync-free decoding on a GPU, two decode
+streams on a CPU, a compiled decode step, and speculative decoding with the MTP modules
+(speculative.py, where SPECULATIVE is set). Measured in lab/bench.py (generation, compiled,
+speculative, episodes); the figures are in docs/benchmarks.md and docs/speculative.md.
+"""
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+
+from infra import common
+from model import GPT
+
+# The dtype of recorded routes (expert ids): one byte a route; model.GPTConfig refuses more experts.
+ROUTE_DTYPE = torch.uint8
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference
+
+@torch.no_grad()
+def reference(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
+              generator=None, return_routes=False, past=None, return_past=False) -> list[dict]:
+    """Sample a continuation of every prompt, all rows in one batch, with a KV cache. prompts: lists
+    of token ids of any lengths, or a (B, T) integer tensor (as nanoGPT's generate takes).
+
+    One prefill reads the left-padded prompts (identical prompts once); then each step samples one
+    token per row, feeds it, and every row writes the same cache column. A row is done at a stop id
+    or after max_new_tokens; a done row decodes on until all are (its extra tokens are cut off).
+    past (one per prompt, an earlier call's return_past): the row continues from those keys/values,
+    and only the new tokens are read: a multi-turn episode never re-reads its history.
+
+    Returns per prompt {"tokens", "logprobs"[, "routes"][, "past"]}: logprobs under softmax(logits / T)
+    before top-k / top-p (T = 0: greedy); routes (n_moe_layers, fed, top_k): the experts of every
+    token this call fed (prompt + tokens[:-1]), for router replay; past: those tokens' keys/values
+    after the row's own past."""
+    prompts = as_prompt_lists(prompts)
+    nl, k = model.n_moe_layers, model.config.top_k
+    if not anything_to_generate(prompts, past, max_new_tokens):
+        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=ROUTE_DTYPE)}
+                                                   if return_routes else {})} for _ in prompts]
+    b = prefill(model, prompts, past, max_new_tokens, model.config.n_layer)
+    cache, B, padded = b.cache, len(prompts), not bool(b.valid.all())
+    cache.select(b.rows)                        # one cache row per prompt (duplicates fanned out)
+    valid, pos = b.valid[b.rows], (b.n_past + b.lens)[b.rows]
+    logits = model.lm_head(b.h[:, -1]).float()[b.rows]
+    routes = [torch.stack([c.view(len(b.lens), b.L, k) for c in b.chosen])[:, b.rows]] if nl else []
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=logits.device)
+    n_out = torch.full((B,), max_new_tokens, device=logits.device)      # each row's length
+    done = torch.zeros(B, dtype=torch.bool, device=logits.device)
+    tokens, logprobs = [], []
+    for t in range(max_new_tokens):
+        token, lp = sample(logits, temperature, top_k, top_p, generator)
+        tokens.append(token)
+        logprobs.append(lp)
+        hit = torch.isin(token, stop) & ~done
+        n_out, done = torch.where(hit, t + 1, n_out), done | hit
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        mask = valid[:, None, None, :cache.pos + 1] if padded else None     # left pads are never seen
+        h, chosen = model.trunk(token[:, None], pos[:, None], cache, mask)
+        cache.pos, pos = cache.pos + 1, pos + 1
+        logits = model.lm_head(h[:, -1]).float()
+        routes += [torch.stack([c.view(B, 1, k) for c in chosen])] if nl else []
+    pasts = [cache.take(r, valid[r, :cache.pos].nonzero().squeeze(1)[:int(b.n_past[b.which[r]])
+                                                                      + len(p) + n - 1])
+             for r, (p, n) in enumerate(zip(prompts, n_out.tolist()))] if return_past else None
+    if return_routes:
+        routes = torch.cat(routes, 2) if nl else torch.zeros(0, B, b.L + len(tokens) - 1, k, dtype=torch.long)
+    return outputs(torch.stack(tokens, 1), torch.stack(logprobs, 1), n_out, pasts,
+                   routes if return_routes else None, prompts, b.L)
+
+
+def outputs(tokens, logprobs, n_out, pasts, routes, prompts, L):
+    """generate's per-prompt dicts from its (rows, steps) tensors, each row cut at its n_out. Each
+    row's routes are a compact tensor of their own (route_dtype), never a view of the call's: a
+    view pickles its whole storage (RL's queue of groups travels between ranks by pickle)."""
+    out = [{"tokens": tk[:n], "logprobs": lq[:n]}
+           for tk, lq, n in zip(tokens.tolist(), logprobs.tolist(), n_out.tolist())]
+    if routes is not None:
+        routes = routes.to("cpu", ROUTE_DTYPE)
+        for b, o in enumerate(out):   # the prompt's own columns (its left pads excluded) + tokens[:-1]
+            o["routes"] = routes[:, b, L - len(prompts[b]):L + len(o["tokens"]) - 1].clone()
+    if pasts is not None:
+        for o, p in zip(out, pasts):
+            o["past"] = p
+    return out
+
+
+class KVCache:
+    """Preallocated per-layer keys/values, (B, n_kv_head, max_len, head_dim); all rows share the
+    pointer `pos`, the next column to write, because prompts are left-padded (see generate). The model
+    writes through update() at pos; the caller moves pos after each forward (speculative decoding
+    moves it past the accepted tokens only: a rejected draft's columns are written again)."""
+
+    def __init__(self, n_layer, max_len):
+        self.k, self.v, self.max_len, self.pos = [None] * n_layer, [None] * n_layer, max_len, 0
+
+    def update(self, i, k, v):
+        if self.k[i] is None:
+            B, H, _, D = k.shape
+            self.k[i] = k.new_zeros(B, H, self.max_len, D)
+            self.v[i] = v.new_zeros(B, H, self.max_len, D)
+        t = self.pos + k.size(2)
+        self.k[i][:, :, self.pos:t] = k
+        self.v[i][:, :, self.pos:t] = v
+        return self.k[i][:, :, :t], self.v[i][:, :, :t]
+
+    def select(self, rows):   # keep / duplicate batch rows (retire finished rows, fan out shared prompts)
+        self.k = [t if t is None else t.index_select(0, rows) for t in self.k]
+        self.v = [t if t is None else t.index_select(0, rows) for t in self.v]
+
+    def fill(self, past, end):
+        """Start from rows' earlier keys/values (past[b]: (layers, 2, n_kv_head, n_b, head_dim), as
+        take() returns them), row b's right-aligned to end at column `end` (left of it: masked pads).
+        Layers the past lacks (MTP layers, after a call without them) start from zeros."""
+        n_layer, _, H, _, D = past[0].shape
+        for i in range(min(n_layer, len(self.k))):
+            self.k[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+            self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
+        for b, p in enumerate(past):
+            for i in range(min(n_layer, len(self.k))):
+                cols = slice(end - p.size(3), end)
+                self.k[i][b, :, cols], self.v[i][b, :, cols] = p[i, 0], p[i, 1]
+        self.pos = end
+
+    def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
+        return torch.stack([torch.stack([k[row][:, cols], v[row][:, cols]])
+                            for k, v in zip(self.k, self.v)])
+
+
+def as_prompt_lists(prompts):
+    """generate()'s prompts -> a list of lists of ints: accepts lists/tuples of ids (or 1-D tensors),
+    or a (B, T) integer tensor."""
+    if torch.is_tensor(prompts):
+        if prompts.dim() != 2 or prompts.is_floating_point():
+            raise ValueError(f"generate: prompts must be a (B, T) integer tensor or a list of token-id "
+                             f"lists, got a {prompts.dtype} tensor of shape {tuple(prompts.shape)}")
+        return prompts.tolist()
+    try:
+        return [p.tolist() if torch.is_tensor(p) else [int(t) for t in p] for p in prompts]
+    except (TypeError, ValueError):
+        raise ValueError("generate: prompts must be a (B, T) integer tensor "
+                         "or a list of token-id lists") from None
+
+
+def anything_to_generate(prompts, past, max_new_tokens):
+    """False when there is nothing to generate; raises on bad input."""
+    if past is not None and len(past) != len(prompts):
+        raise ValueError(f"generate: {len(past)} pasts for {len(prompts)} prompts")
+    if not prompts or max_new_tokens <= 0:
+        return False
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("empty prompt")
+    return True
+
+
+def prefill(model, prompts, past, room, n_layers):
+    """A generate call's first forward. The distinct prompts (a row with a past of its own is never
+    merged with another) are LEFT-padded into one batch, so that every row's last prompt token sits in
+    the same column; each continues from its past (right-aligned before the prompt, pads between),
+    and the trunk reads them all once. Pads are masked out of attention, and RoPE positions count
+    from each row's first real token, so a row sees exactly what it would see alone. Returns h (U, L,
+    D): the trunk's output; chosen: its experts; cache: n_layers layers, `room` free columns after the
+    prompt, pos at the first; valid (U, columns): False at pads; rows: the distinct prompt of each
+    row; lens, n_past (U,); A, L: the past's and the prompt's padded widths; idx, pos: what was fed."""
+    dev = model.lm_head.weight.device
+    uniq = {}
+    which = [uniq.setdefault(i if past is not None else tuple(p), len(uniq)) for i, p in enumerate(prompts)]
+    first = {w: b for b, w in reversed(list(enumerate(which)))}
+    lens_h = [len(prompts[first[w]]) for w in range(len(uniq))]      # on the host: no device reads
+    past_h = [past[first[w]].size(3) if past is not None else 0 for w in range(len(uniq))]
+    lens, n_past = torch.tensor(lens_h, device=dev), torch.tensor(past_h, device=dev)
+    A, L = max(past_h), max(lens_h)     # cache columns: [pads, past] [pads, prompt] [new tokens]
+    col = torch.arange(A + L, device=dev)[None]
+    start = (A + L - lens)[:, None]
+    idx = torch.zeros(len(uniq), L, dtype=torch.long, device=dev)   # pad id 0: masked, never seen
+    for w in range(len(uniq)):
+        idx[w, L - lens_h[w]:] = torch.tensor(prompts[first[w]], device=dev)
+    valid = torch.ones(len(uniq), A + L + room, dtype=torch.bool, device=dev)
+    valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
+    cache = KVCache(n_layers, A + L + room)
+    mask = None
+    if A:
+        cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
+    # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
+    if not bool(valid.all()) or A:
+        mask = attention_mask(valid, A, L)
+    pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
+    h, chosen = model.trunk(idx, pos, cache, mask)
+    cache.pos += L
+    return SimpleNamespace(h=h, chosen=chosen, cache=cache, valid=valid, rows=torch.tensor(which, device=dev),
+                           which=which, lens=lens, n_past=n_past, A=A, L=L, idx=idx, pos=pos)
+
+
+def attention_mask(valid, at, T):
+    """(B, 1, T, at + T) bool: queries in columns at..at+T-1 see the real keys up to their own column
+    (a pad query sees itself: no empty row, no NaN)."""
+    col = torch.arange(at + T, device=valid.device)
+    q = at + torch.arange(T, device=valid.device)[:, None]
+    return (col <= q) & valid[:, None, None, :at + T] | (col == q)
+
+
+def distribution(logits, temperature, top_k=0, top_p=1.0):
+    """logits (B, V) fp32, T > 0 -> (log softmax(logits / T), the distribution to sample: its probs
+    after top-k and top-p filtering)."""
+    logp = (logits / temperature).log_softmax(-1)
+    filt = logp
+    if top_k and top_k < logp.size(-1):
+        kth = filt.topk(top_k, dim=-1).values[:, -1:]
+        filt = filt.masked_fill(filt < kth, float("-inf"))
+    if top_p < 1.0:   # nucleus (Holtzman et al. 2020): smallest set of tokens with mass >= top_p
+        sp, si = filt.sort(-1, descending=True)
+        p = sp.softmax(-1)
+        drop = p.cumsum(-1) - p >= top_p                  # mass before this token already >= top_p
+        filt = filt.scatter(-1, si, sp.masked_fill(drop, float("-inf")))
+    return logp, logp.exp() if filt is logp else filt.softmax(-1)
+
+
+def draw(probs, generator=None, no_sync=False):
+    """One token per row of probs (B, V), which need not sum to 1. Inverse-CDF sampling: one uniform
+    per row and a binary search (right=True never lands on a zero-probability token).
+    torch.multinomial draws V exponentials per row: it was the single biggest cost of CPU generation."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.size(0), 1, generator=generator,
+                   device=generator.device if generator else probs.device)
+    token = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
+    over = token >= probs.size(-1)     # float rounding at the very top of the cdf: rare
+    if no_sync or over.any():   # no_sync: no host read (a GPU speed path); on CPU the check is cheaper
+        token = torch.where(over, probs.argmax(-1), token)
+    return token
+
+
+def sample(logits, temperature, top_k, top_p, generator=None, no_sync=False):
+    """logits (B, V) fp32 -> (token, logprob of that token under softmax(logits / T), pre-filtering).
+    no_sync: never read the device from the host (sync-free decoding)."""
+    if temperature == 0:
+        token = logits.argmax(-1)
+        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+    logp, probs = distribution(logits, temperature, top_k, top_p)
+    token = draw(probs, generator, no_sync)
+    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+# Settings of the speed paths, process-wide (like MoE.dispatch: they change speed, and float rounding
+# only: log-probs move by ~1e-6 when the thread count splits reductions differently).
+THREADS = 1      # torch threads per decode stream on CPU (0: leave torch's setting); see cpu_threads
+STREAMS = 2      # decode streams (Python threads) on CPU: this machine's 2 cores
+# Decode steps through torch.compile(trunk) (compiled_trunk). Off by default: compiling (and
+# recompiling for new shapes) takes minutes on 2 cores; eval.py --compile-decode turns it on.
+COMPILE = False
+_COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
+# SPECULATIVE: the drafting sampler generate uses where the model has MTP modules (agent.py sets it to
+# speculative.generate; None: off). Calls that want routes still take retiring: the drafts' routes
+# are not recorded.
+SPECULATIVE = None
+# Host reads in the decode loop. On a GPU every read of a device value (.item(), bool(.any()), a
+# shape that depends on data) waits for the queued kernels, so a loop that reads once per token runs
+# at the speed of its round trips, not of the GPU. SYNC_FREE decodes without them: finished rows
+# are a device mask that retiring reads every DONE_EVERY tokens (to stop, or to retire
+# rows), sampling never asks the host, and the MoE sizes its expert groups on the device
+# (model.MoE.experts). None: on GPU only. On CPU a read is free and retiring finished rows at once
+# saves compute, so CPU decoding reads every token, as it always did (same samples: the rows a step
+# draws for depend on retiring).
+SYNC_FREE = None
+DONE_EVERY = 16
+
+
+def sync_free(device):
+    return device.type != "cpu" if SYNC_FREE is None else SYNC_FREE
+
+
+# ----------------------------------------------------------------------------------------------
+# The one place a path is chosen
+
+def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=None, **kw):
+    """reference's samples, by the fastest path this machine has: the one place a speed path
+    is chosen, and what everything that samples calls (RL rollouts, eval, the episodes, agent.py,
+    pretraining's samples). Same arguments and outputs as reference.
+
+    retiring over `streams` Python threads (default STREAMS on CPU, 1 on GPU), each on a
+    contiguous share of the rows with a random stream of its own and THREADS torch threads. A CPU
+    decode step is a few hundred small ops: too small to split across OpenMP threads (a thread woken
+    for each op costs more than it gives), but each op releases the GIL, so two independent batches
+    decode side by side (lab/bench.py generation). Rows of one prompt stay in one share (its prefill is
+    shared). The samples depend on the number of streams, as they depend on the batch; each row's
+    distribution does not. One stream (retiring with the caller's generator) on GPU and
+    under 16 rows per stream. With SPECULATIVE set and a model with MTP modules, each share runs
+    it instead (unless routes are asked for). On GPU under bf16 autocast
+    (common.autocast; model.py keeps the router in fp32), as training runs."""
+    prompts = as_prompt_lists(prompts)
+    n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
+    fn = retiring
+    if SPECULATIVE and model.config.n_mtp and not kw.get("return_routes"):
+        fn, kw = SPECULATIVE, {k: v for k, v in kw.items() if k not in ("trunk", "return_routes")}
+    else:
+        kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
+    streams = max(1, min(STREAMS if streams is None else streams, n // 16))
+    if not cpu or THREADS != 1:
+        # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
+        streams = 1
+    starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
+    # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
+    bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
+    if len(bounds) <= 2 or max_new_tokens <= 0:
+        with cpu_threads(THREADS if cpu else 0), common.autocast(next(model.parameters()).device):
+            return fn(model, prompts, max_new_tokens, generator=generator, past=past, **kw)
+    seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
+
+    def share(i):   # several streams on CPU only, where common.autocast is a no-op
+        a, b = bounds[i], bounds[i + 1]
+        g = torch.Generator().manual_seed(seeds[i])
+        return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
+    with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
+        return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
+
+
+# ----------------------------------------------------------------------------------------------
+# Retiring finished rows; sync-free on a GPU
+
+def retire(done, cache, save_past, *rows):
+    """Drop the finished rows from the batch and the cache, so they stop costing compute (in bulk, once
+    enough are done, to amortise the copy): save_past(j) saves row j's keys/values first (multi-turn
+    pasts; None: not kept). Returns each of `rows` (tensors, batch first) without the finished rows."""
+    if save_past is not None:
+        for j in done.nonzero().squeeze(1).tolist():
+            save_past(j)
+    unfinished = (~done).nonzero().squeeze(1)
+    cache.select(unfinished)
+    return [x[unfinished] for x in rows]
+
+
+@torch.no_grad()
+def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
+                      generator=None, return_routes=False, past=None, return_past=False,
+                      trunk=None) -> list[dict]:
+    """reference's samples with the finished rows retired: the same arguments and outputs (and
+    the same tokens until a row retires: tests/test_generate.py), plus trunk, the function each
+    decode step calls instead of model.trunk (compiled_trunk; the prefill always runs model.trunk).
+
+    A finished row (stop id or max_new_tokens) is dropped from the batch and the cache, in bulk once
+    >= 1/8 of the rows are done (to amortise the copy), so it stops costing compute; a multi-turn
+    row keeps its past first. Per-step bookkeeping is a few tensor ops into preallocated (rows,
+    max_new_tokens) buffers, with no Python loop over rows, so its cost does not grow with the
+    batch. On GPU (SYNC_FREE) the loop never waits for the device: finished rows are a device mask
+    read every DONE_EVERY tokens (stop, retire); rows done in between run on, their junk cut off."""
+    prompts = as_prompt_lists(prompts)
+    nl, k = model.n_moe_layers, model.config.top_k
+    if not anything_to_generate(prompts, past, max_new_tokens):
+        return [{"tokens": [], "logprobs": [], **({"routes": torch.zeros(nl, 0, k, dtype=ROUTE_DTYPE)}
+                                                   if return_routes else {})} for _ in prompts]
+    b = prefill(model, prompts, past, max_new_tokens, model.config.n_layer)
+    cache, rows, L, U = b.cache, b.rows, b.L, len(b.lens)
+    logits = model.lm_head(b.h[:, -1]).float()
+    cache.select(rows)
+    logits, valid, pos = logits[rows], b.valid[rows], (b.n_past + b.lens)[rows]
+    padded = not bool(b.valid.all())
+    # Outputs by original row: token t of row b in column t; routes of the token in cache column c
+    # (left-padded prompt, then generated tokens) in column c - A. Rows that finished but were not
+    # yet retired keep writing junk past their end; n_out cuts it off.
+    B, dev = len(prompts), logits.device
+    every = DONE_EVERY if sync_free(dev) else 1     # read the finished rows every `every` tokens
+    # A CPU generator for a GPU model would copy each draw in: replaced by one on the device, seeded
+    # from it. Compared by type: torch.Generator("cuda") reports device "cuda", the logits "cuda:0".
+    if generator is not None and generator.device.type != dev.type:
+        generator = torch.Generator(dev).manual_seed(int(torch.randint(2 ** 62, (1,), generator=generator)))
+    tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+    logprobs = torch.zeros(B, max_new_tokens, device=dev)
+    n_out = torch.full((B,), max_new_tokens, device=dev)
+    routes = (torch.zeros(nl, B, L + max_new_tokens - 1, k, dtype=torch.long, device=dev)
+              if return_routes else None)
+    if return_routes and nl:
+        routes[:, :, :L] = torch.stack([c.view(U, L, k) for c in b.chosen])[:, rows]
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+    alive = torch.arange(B, device=dev)                 # original row id of each batch row
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    pasts = [None] * B
+    def save_past(j):   # row j of the batch: its past + prompt + tokens[:-1] (not the junk after its end)
+        r = int(alive[j])
+        n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
+        pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
+    trunk = trunk or model.trunk
+    for t in range(max_new_tokens):
+        token, lp = sample(logits, temperature, top_k, top_p, generator, sync_free(dev))
+        tokens[alive, t], logprobs[alive, t] = token, lp
+        hit = (token[:, None] == stop).any(-1) & ~done
+        n_out[alive] = torch.where(hit, t + 1, n_out[alive])
+        done |= hit
+        if t == max_new_tokens - 1:
+            break
+        n_done = int(done.sum()) if (t + 1) % every == 0 else 0
+        if n_done == len(alive):
+            break
+        if n_done and 8 * n_done >= len(alive):   # retire finished rows
+            token, valid, pos, alive, done = retire(done, cache, save_past if return_past else None,
+                                                    token, valid, pos, alive, done)
+        mask = valid[:, None, None, :cache.pos + 1] if padded else None
+        h, chosen = trunk(token[:, None], pos[:, None], cache, mask)
+        cache.pos += 1
+        logits = model.lm_head(h[:, -1]).float()
+        pos += 1
+        if return_routes and nl:
+            routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
+    if return_past:
+        for j in range(len(alive)):
+            save_past(j)
+    return outputs(tokens, logprobs, n_out, pasts if return_past else None, routes, prompts, L)
+
+
+# ----------------------------------------------------------------------------------------------
+# Two decode streams, a compiled decode step
+
+@contextmanager
+def cpu_threads(n):
+    """Run the block with n torch threads (0: unchanged; the setting is process-wide). A decode step
+    is a few hundred small ops; with idle OpenMP threads asleep (OMP_WAIT_POLICY=PASSIVE, set by
+    the scripts so that they leave the cores to the sandbox workers) waking a second thread for
+    each op costs more than it gives, so decode runs on one thread, and generate puts the
+    second core to work on a second batch instead."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compiled_trunk(model):
+    """model.trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
+    and the cache grows by a column a step), for retiring's `trunk`. A CPU decode step is a few
+    hundred small ops whose dispatch costs more than their arithmetic; the compiler fuses them into a
+    few dozen kernels, and the MoE layers run every expert densely (MoE.experts_dense) instead of
+    sorting tokens. The unbound GPT.trunk is compiled once, with the model as an argument: the
+    weights are graph inputs (an optimizer step needs no recompile) and nothing cached refers to a
+    model (a compiled bound method would keep its model alive). Where compiling fails (e.g. no C++
+    compiler) it warns once and every later call, of any model, runs the eager trunk."""
+    if "trunk" not in _COMPILED:
+        _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
+
+    def trunk(idx, pos, cache=None, mask=None):
+        if _COMPILED["trunk"]:
+            try:
+                return _COMPILED["trunk"](model, idx, pos, cache, mask)
+            except Exception as e:
+                # The failed call wrote at most this step's cache column, which the eager call writes
+                # again (retiring moves cache.pos after the call).
+                warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly "
+                              f"({type(e).__name__}: {e})"[:300])
+                _COMPILED["trunk"] = False
+        return model.trunk(idx, pos, cache, mask)
+    return trunk
