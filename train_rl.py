@@ -76,6 +76,9 @@ FIXED = dict(
     # tune on (eval.py reports on another), levels
     canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward
                          # hack); 0 = off
+    gen_batch=128,       # rows per generate() call (the sandbox scores a batch while the next one is
+                         # generated; no overlap when one call holds a round, as in the cpu preset)
+    eval_every=100,      # steps between held-out evals (also at start and end; 0 = only those)
 )
 PRESETS = {
     "smoke": dict(FIXED, steps=2, batch_tasks=2, group_size=4, max_new_tokens=24, temperature=1.0, lr=1e-4,
@@ -110,9 +113,6 @@ g.add_argument("--temperature", type=float,
                help="sampling temperature of the rollouts and the held-out evals")
 g.add_argument("--max-new-tokens", type=int,
                help="generation budget per completion (also Dr. GRPO's constant)")
-g.add_argument("--gen-batch", type=int,
-               help="rows per generate() call; the sandbox scores a batch while the next is generated "
-                    "(no overlap when one call holds a round, as in the cpu preset)")
 g.add_argument("--difficulties",
                help="train-task difficulty levels, e.g. 1-3 or 1,2 (empty = all); a level listed twice "
                     "is drawn twice as often, e.g. 1,2-3,2-3 (the odds of one draw: a rejected program "
@@ -170,8 +170,6 @@ g.add_argument("--router-replay", action=argparse.BooleanOptionalAction, default
                     "replay; --no-router-replay: on the router's own choices)")
 g.add_argument("--lr", type=float, help="peak learning rate (AdamW, constant after the warmup)")
 g = p.add_argument_group("evaluation")
-g.add_argument("--eval-every", type=int,
-               help="steps between held-out evals (also at start and end; 0 = only those)")
 g.add_argument("--eval-tasks", type=int,
                help="held-out env test-split tasks (0: no held-out eval, as run.sh's episode stage, "
                     "which its eval stage measures)")

@@ -27,9 +27,8 @@ Parts and the goals they are measured against:
              (>= 10x) and vs a naive subprocess per candidate; assert-mode (HumanEval) runs/s
   humaneval  all canonical HumanEval solutions through the harness (must be 100%)
   pretrain   training tokens/s and MFU of the `cpu` pretraining preset
-  rl         (full mode only) RL step time split generation / sandbox / training, with and
-             without overlapping the sandbox with generation, and training with and without
-             packed prompts (--pack-prompts); needs a cpu pretraining checkpoint
+  rl         (full mode only) RL step time split generation / sandbox / training, and training with
+             and without packed prompts (--pack-prompts); needs a cpu pretraining checkpoint
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
   episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
@@ -495,16 +494,14 @@ def bench_pretrain(quick, device=CPU):
 
 def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
     """Seconds per RL step of the cpu preset (16 tasks x 8 samples), split into generation / exposed
-    sandbox wait / training: (a) one generate call, then the whole batch to the sandbox; (b) halves,
-    (c) quarters: each part goes to the sandbox pool while the next part is generated; (d) as (a),
-    with the training forward feeding every sample its own copy of the prompt (--no-pack-prompts).
-    train_rl.py runs on `device` (its --device); the sandbox is CPU work there too."""
+    sandbox wait / training, with the training forward feeding each group's prompt once (packed, the
+    default) and every sample its own copy (--no-pack-prompts). train_rl.py runs on `device` (its
+    --device); the sandbox is CPU work there too."""
     if not os.path.isfile(os.path.join(ROOT, ckpt)):
         print(f"  skipped: no {ckpt} (run `bash run.sh` first)", flush=True)
         return {}
     out = {}
-    arms = {"one_batch": ["--gen-batch", "128"], "halves": ["--gen-batch", "64"], "quarters": ["--gen-batch", "32"],
-            "unpacked": ["--gen-batch", "128", "--no-pack-prompts"]}
+    arms = {"packed": [], "unpacked": ["--no-pack-prompts"]}
     for name, extra in arms.items():
         with tempfile.TemporaryDirectory() as tmp:
             run_script(["train_rl.py", "--preset", "cpu", "--device", str(device), "--init-from", ckpt,
@@ -516,14 +513,10 @@ def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
         for k in ("gen_s", "sandbox_s", "train_s"):
             out[f"rl_{name}_{k}"] = sum(r[k] for r in rows) / len(rows)
         out[f"rl_{name}_step_s"] = sum(out[f"rl_{name}_{k}"] for k in ("gen_s", "sandbox_s", "train_s"))
-    for n in ("halves", "quarters"):
-        out[f"rl_{n}_speedup"] = out["rl_one_batch_step_s"] / out[f"rl_{n}_step_s"]
-    out["rl_packed_train_speedup"] = out["rl_unpacked_train_s"] / out["rl_one_batch_train_s"]
+    out["rl_packed_train_speedup"] = out["rl_unpacked_train_s"] / out["rl_packed_train_s"]
     print("  s/step (gen / sandbox wait / train): " + "   ".join(
         f"{n}: {out[f'rl_{n}_gen_s']:.2f} / {out[f'rl_{n}_sandbox_s']:.2f} / {out[f'rl_{n}_train_s']:.2f}"
-        for n in arms) + f"   overlap speedup: halves {out['rl_halves_speedup']:.2f}x, "
-                         f"quarters {out['rl_quarters_speedup']:.2f}x; training with packed prompts "
-                         f"{out['rl_packed_train_speedup']:.2f}x", flush=True)
+        for n in arms) + f"   training with packed prompts {out['rl_packed_train_speedup']:.2f}x", flush=True)
     return out
 
 

@@ -716,8 +716,8 @@ def test_rounds_sample_the_ranks_share_at_any_world_size(tiny_ckpt, tmp_path):
     for world in (1, 2, 4):
         out = str(tmp_path / f"w{world}")
         p = run(["--init-from", tiny_ckpt, "--eval-tasks", "0", "--steps", "1", "--batch-tasks", "4",
-                 "--group-size", "2", "--gen-batch", "64", "--dynamic-sampling", "--out-dir", out],
-                nproc=world, timeout=240, ds_max_tries=1, canary_every=0)
+                 "--group-size", "2", "--dynamic-sampling", "--out-dir", out],
+                nproc=world, timeout=240, ds_max_tries=1, canary_every=0, gen_batch=64)
         assert p.returncode == 0, p.stderr[-3000:]
         (r,) = metrics(out)
         assert r["rounds"] == 2
