@@ -221,9 +221,11 @@ class Feedback:
 # a copy of it made for that run (repo_program). The judge runs the task's hidden tests, which only
 # it holds, on the agent's modules; the visible test file is left out, so editing it changes nothing.
 
-ACTIONS = ("ls", "read", "edit", "test", "submit")     # each opened by its token <|name|>, closed by <|end|>
+ACTIONS = ("ls", "read", "grep", "run", "edit", "test", "submit")   # each opened by <|name|>, closed by <|end|>
 OBS_CHARS = 1500          # an observation's cap: its head and tail are kept (a file, a test run's output)
 MAX_FILE_CHARS = 20_000   # an edit that would make a file longer is refused
+GREP_LINES = 20           # grep's matches shown
+RUN_CHARS = 400           # a run's value shown (its repr's head)
 
 
 def cap(text, n=OBS_CHARS):
@@ -258,10 +260,13 @@ def check_path(repo, path):
 
 def replace_function(source, definition, path="the file"):
     """`source` with its top-level function of the same name as `definition` (one whole `def`)
-    replaced by it; ValueError with a one-line message if the definition is not one function, names
-    none of the file's, or the result does not parse. Line ends become "\n" (ast's line numbers count
+    replaced by it; ValueError with a one-line message if the definition is too long, is not one
+    function, names none of the file's, or the result does not parse (the size is checked before any
+    parsing: megabytes of statements would cost gigabytes of syntax tree). Line ends become "\n" (ast's line numbers count
     only \n, \r\n and \r: str.splitlines would also split at a form feed or U+2028 and splice the
     wrong lines)."""
+    if len(definition) > MAX_FILE_CHARS:
+        raise ValueError(f"error: the definition is longer than {MAX_FILE_CHARS} characters")
     definition = textwrap.dedent(definition.replace("\r\n", "\n").replace("\r", "\n")).strip("\n") + "\n"
     source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
@@ -347,10 +352,62 @@ def visible_run(task, repo):
         names = []
     if not names:
         raise ValueError(f"error: {task.test_file} holds no test function")
-    module = task.test_file.removesuffix(".py")
-    call = f"import {module} as _tests\ndef run_test(name):\n    getattr(_tests, name)()"
-    program = repo_program(repo, call)
+    program = repo_program(repo, _TESTS.format(module=task.test_file.removesuffix(".py")))
     return Run(task.task_id + "/visible", program, "run_test", [[n] for n in names], [None] * len(names))
+
+
+# A visible test passes when its function returns; a failure comes back as its message (the test's own
+# words: `f(3) returned 5, expected 6`), for the agent to read. This runs in the candidate's process, so
+# its code can make a test look passed: the agent may fool only itself, the judge is hidden_run.
+_TESTS = """
+import {module} as _tests
+def run_test(name):
+    try:
+        getattr(_tests, name)()
+    except BaseException as e:
+        return (str(e) if isinstance(e, AssertionError) and str(e) else type(e).__name__ + ": " + str(e))[:300]
+"""
+
+# `run EXPR`: the expression's value over the repository's modules (every public name of every top-level
+# module), as its repr, or the exception with the last three frames of its traceback (file, line,
+# function: where a search goes next).
+_RUN = """
+def run_expr(expr):
+    try:
+        names = {}
+        for f in sorted(_FILES):
+            if f.endswith(".py") and "/" not in f:
+                names.update({k: v for k, v in vars(__import__(f[:-3])).items() if not k.startswith("_")})
+        return repr(eval(expr, names))[:%d]
+    except BaseException as e:
+        frames, tb = [], e.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append('  File "%%s", line %%d, in %%s' %% (code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+        return "\\n".join(["Traceback (most recent call last):"] + frames[-3:] + [type(e).__name__ + ": " + str(e)[:200]])
+""" % RUN_CHARS
+
+
+def expr_run(task, repo, expr):
+    """`run EXPR` as a Run in the sandbox: its one case returns the text the agent reads."""
+    if not expr.strip():
+        raise ValueError("error: run needs an expression, e.g. <|run|>f([1, 2])<|end|>")
+    return Run(task.task_id + "/run", repo_program(repo, _RUN), "run_expr", [[expr.strip()]], [None])
+
+
+def grep(repo, pattern):
+    """Every line of the repository that holds `pattern`, as `path:line: text`, in path order: at most
+    GREP_LINES, then how many more. A plain string, not a regular expression: no pattern can make it
+    slow (a regex would run the agent's backtracking in this process)."""
+    if not pattern.strip():
+        raise ValueError("error: grep needs a pattern, e.g. <|grep|>def total<|end|>")
+    hits = [f"{p}:{n}: {line.strip()[:100]}" for p in sorted(repo) for n, line in
+            enumerate(repo[p].split("\n"), 1) if pattern in line]
+    if not hits:
+        return f"no line holds {pattern[:80]!r}"
+    more = f"\n... ({len(hits) - GREP_LINES} more)" if len(hits) > GREP_LINES else ""
+    return "\n".join(hits[:GREP_LINES]) + more
 
 
 def hidden_run(task, repo):
@@ -379,12 +436,23 @@ def observation_segments(text):
     return [("<|obs|>", True, True), (text, True, False), ("<|/obs|>", True, True)]
 
 
-def test_report(result):
-    """A visible test run as the agent reads it."""
+def test_report(result, names=()):
+    """A visible test run as the agent reads it: the counts, then each failing test's name and its
+    message (what it called, got and expected), or why the run stopped (a timeout, a module that does
+    not load)."""
     if result.outcome == "sandbox_error":
         return "error: the test run failed in the harness; run the tests again"
     head = f"{result.n_passed} passed, {result.n_tests - result.n_passed} failed"
-    return head if result.passed else f"{head}\n{result.feedback}"
+    failed = [f"{n}: {v}" for n, v in zip(names, result.values) if isinstance(v, str)]
+    return head if result.passed else "\n".join([head] + (failed or [result.feedback]))
+
+
+def run_report(result):
+    """A `run` as the agent reads it: the value (or the traceback) the expression gave, or why it stopped."""
+    if result.outcome == "sandbox_error":
+        return "error: the run failed in the harness; run it again"
+    value = result.values[0] if result.values else None
+    return value if isinstance(value, str) else f"error: {result.feedback}"
 
 
 # Self-summarization (Composer 2): a long episode is a chain of generations joined by summaries the
@@ -404,7 +472,7 @@ SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes w
 # 17 < 640), so the request comes with its observation. The model's own context (1024 on the cpu preset)
 # holds a whole episode, which eval.py's full-context oracle runs in.
 LONG_WINDOW = 640
-LONG_ACTIONS = 10         # a long task's step limit: two reads more than a short one's, and room to reread
+LONG_ACTIONS = 16         # a long task's step limit: two settings reads more than a short one's, and rereads
 
 
 def fact_retention(task, e):
@@ -429,6 +497,20 @@ def _states(text, fact):
     16, nor 'N1 = 7, N2 = 16')."""
     value = re.escape(str(fact["value"]))
     return re.search(rf"\b{fact['label']}\b[^\d\n-]{{0,6}}(?<![\d-]){value}(?![\d.])", text) is not None
+
+
+def summary_ids(tok, tokens, e):
+    """A summary's ids as the fresh context will hold them: as sampled, when only its text and the
+    closing <|end|> are there. A special token inside (<|obs|>4 passed<|/obs|>, an action) is a format
+    error, as in an action (it counts towards max_errors), and only the text before it is kept: nothing
+    the model writes re-enters the context as a token of the harness."""
+    end = tok.tool_ids["<|end|>"]
+    body = tokens[:-1] if tokens and tokens[-1] == end else tokens
+    bad = next((k for k, t in enumerate(body) if t >= tok.eot_id), None)
+    if bad is None:
+        return tokens
+    e.errors += 1
+    return body[:bad] + [end]
 
 
 def long_tools(memory="summary"):
@@ -471,7 +553,7 @@ class Tools:
     turns are dropped (eval's sliding-window baseline)."""
     stop_tokens = ("<|end|>",)
 
-    def __init__(self, actions=ACTIONS, max_actions=8, max_errors=2, inline=False, memory=None, window=None,
+    def __init__(self, actions=ACTIONS, max_actions=12, max_errors=2, inline=False, memory=None, window=None,
                  max_summaries=3):
         if memory not in (None, "summary", "window") or (memory and not window):
             raise ValueError(f"memory must be None, 'summary' or 'window' (with a window), got {memory!r}")
@@ -533,8 +615,10 @@ class Tools:
         for i, (task, e, x) in enumerate(items):
             if e.state.pop("summarizing", False):   # the summary turn: not an action, the episode goes on
                 x.summary = True
-                e.summaries.append(x.tokens)
-                obs.append("" if more else None)
+                e.summaries.append(summary_ids(tok, x.tokens, e))
+                obs.append("" if more and e.errors < self.max_errors else None)
+                if e.errors >= self.max_errors:
+                    e.end = "format_errors"
                 continue
             act = Action()
             try:
@@ -547,7 +631,7 @@ class Tools:
                     if act.name not in self.actions:
                         raise ValueError(f"error: <|{act.name}|> is not available here")
                     text, run = self.apply(task, e, act.name, payload, act)
-                    todo += [(i, run)] if run else []
+                    todo += [(i, run, act.name)] if run else []
                 except ValueError as err:
                     act.error, text = "tool", str(err)
             e.actions.append(act)
@@ -558,9 +642,9 @@ class Tools:
             elif not more or len(e.actions) >= self.max_actions:
                 text = None                                  # the step limit: e.end stays "step_limit"
             obs.append(text)
-        todo = [(i, run) for i, run in todo if obs[i] is not None]
-        for (i, _), r in zip(todo, pool.run_batch([run for _, run in todo])):
-            obs[i] = test_report(r)
+        todo = [(i, run, name) for i, run, name in todo if obs[i] is not None]
+        for (i, run, name), r in zip(todo, pool.run_batch([run for _, run, _ in todo])):
+            obs[i] = test_report(r, [n for n, in run.inputs]) if name == "test" else run_report(r)
         return obs
 
     def apply(self, task, e, name, payload, act):
@@ -572,20 +656,69 @@ class Tools:
         if name == "read":
             act.path = check_path(repo, payload)
             return cap(repo[act.path]), None
+        if name == "grep":
+            return grep(repo, payload), None
         if name == "edit":
             path, _, definition = payload.partition("\n")
             act.path = check_path(repo, path)
             repo[act.path], act.function = replace_function(repo[act.path], definition, act.path)
+            if e.first_edit is None:
+                e.first_edit = dict(repo)
             return f"replaced {act.function} in {act.path}", None
         if name == "test":
             return "", visible_run(task, repo)
+        if name == "run":
+            return "", expr_run(task, repo, payload)
         return "", None                               # submit: the episode is over
 
     def finish(self, pool, items):
-        """The judge's verdict on each episode's final repository: its result."""
+        """The judge's verdict on each episode's final repository: its result. An episode that ran out of
+        actions without submitting fails (outcome "step_limit"), whatever its repository holds."""
         results = pool.run_batch([hidden_run(t, e.repo) for t, e in items])
         for (_, e), r in zip(items, results):
-            e.result = r
+            e.result = r if e.end != "step_limit" or r.outcome == "sandbox_error" else \
+                dataclasses.replace(r, reward=0.0, passed=False, outcome="step_limit")
+
+
+class FixedPlan(Tools):
+    """eval.py's fixed_plan baseline: one action sequence for every task, the model writing only the
+    payloads of its edits. The harness takes the opening actions itself (fixed_plan_prompts: test, then
+    ls, their observations in the prompt), then every turn is an edit (the harness feeds <|edit|>, the
+    model writes the path and the definition), up to the same step limit as the agent's, and the plan
+    ends with submit. It is the best fixed sequence we could write: a read, grep or run with a fixed
+    payload names no file or function of a task it has not seen, and the symptom, the test report and
+    the file list are all that the edits can go on."""
+    OPENING = ("test", "ls")
+
+    def __init__(self, max_actions=12):
+        super().__init__(max_actions=max_actions - len(self.OPENING) - 1)   # the opening and the submit
+
+    def feed_ids(self, tok, text):
+        return super().feed_ids(tok, text) + [tok.tool_ids["<|edit|>"]]
+
+    def step(self, tok, pool, items, more):
+        edit = tok.tool_ids["<|edit|>"]        # the model wrote the payload after the fed <|edit|>
+        obs = super().step(tok, pool, [(t, e, dataclasses.replace(x, tokens=[edit] + x.tokens))
+                                       for t, e, x in items], more)
+        for (_, e, _), o in zip(items, obs):
+            if o is None and e.end == "step_limit":
+                e.end = "submit"                 # the plan's last action
+        return obs
+
+
+def fixed_plan_prompts(tok, tasks, pool):
+    """Each task's prompt for FixedPlan, as ids: the issue, the opening actions and their observations
+    (the visible tests' report from the sandbox, the file list), and <|edit|>: the model's first turn
+    writes an edit's payload."""
+    reports = pool.run_batch([visible_run(t, t.files) for t in tasks])
+    out = []
+    for t, r in zip(tasks, reports):
+        said = {"test": test_report(r, [n for n, in visible_run(t, t.files).inputs]), "ls": "\n".join(sorted(t.files))}
+        ids = tok.encode(render_issue(t))
+        for name in FixedPlan.OPENING:
+            ids += action_ids(tok, name, "") + Tools().feed_ids(tok, said[name])
+        out.append(ids + [tok.tool_ids["<|edit|>"]])
+    return out
 
 
 # ----------------------------------------------------------------------------- the episode loop
@@ -635,8 +768,9 @@ class Episode:
     """One episode of tasks[task_idx]: its turns and the judge's verdict (result: the hidden tests of
     the last attempt, or of the final repository). Feedback keeps results, every attempt's verdict;
     Tools keeps repo (the episode's own copy of the files), actions, errors (malformed actions), end
-    (why it ended: submit, step_limit, format_errors, context, summary_cap), summaries (the sampled ids
-    of each summary) and blind (summaries requested without their observation); state is the tool
+    (why it ended: submit, step_limit, format_errors, context, summary_cap), summaries (the ids of each
+    summary as the next context holds them), blind (summaries requested without their observation)
+    and first_edit (the repository after its first edit, eval.py's first_edit_pass); state is the tool
     set's scratch between turns. RL (rl/rollouts.py) labels group (the group it is ranked in) and
     masked (left out of its group: --over-cap mask); --repair-groups marks repair and repeat (it
     resubmits its root's code)."""
@@ -650,6 +784,7 @@ class Episode:
     end: str = ""
     summaries: list = dataclasses.field(default_factory=list)
     blind: int = 0
+    first_edit: dict | None = None
     state: dict = dataclasses.field(default_factory=dict)
     group: int = -1
     masked: bool = False

@@ -27,6 +27,7 @@ Both modes end with one JSON line on stdout (common.print_summary).
 Importable: train_rl.py measures its held-out slices with evaluate_tasks.
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -45,7 +46,7 @@ import sampling
 import env
 from sandbox.pool import OUTCOMES, SandboxPool
 from rl.algo import pass_at_k, pass_sums, tool_calls
-from data.repos import counterfactual, generate_long_tasks, generate_repo_tasks
+from data.repos import KINDS, generate_repo_tasks
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint): task
@@ -61,7 +62,7 @@ PRESETS = {
                   agent_tasks=4, agent_samples=2, long_tasks=4),
     "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128, difficulties="1-2",
                 humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False,
-                agent_tasks=60, agent_samples=4, long_tasks=80),
+                agent_tasks=60, agent_samples=4, long_tasks=40),
     "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256, difficulties="",
                 humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False,
                 agent_tasks=300, agent_samples=8, long_tasks=300),
@@ -458,45 +459,47 @@ def evaluate_checkpoints(args):
 
 
 # ---------------------------------------------------------------------------------------------
-# Mode 3 (--agent): repository tasks worked through tools, against no tools and an all-files oracle
+# Mode 3 (--agent): repository tasks worked through tools, against baselines that could win
+
+def located(task):
+    """The task with the fault's place named in the issue: the `located` baseline (search made needless)."""
+    where = " and ".join(f"`{f}` in {p}" for p, f in task.targets)
+    return dataclasses.replace(task, issue=f"{task.issue} The fault is in {where}.")
+
 
 def agent_suites(n_tasks, seed, levels, n_long=0):
     """What the agent eval measures, {name: (repository tasks, tool set)}, the same tasks for every
-    checkpoint: the agent on tasks whose fact is in a file (the main set, per slice); the same
-    repositories with the fact stated in the issue (the control); no tools, one edit from the issue
-    text alone; the oracle, one edit with every file inlined in the prompt; and the counterfactual
-    twins (data/repos.py: the fact changed in the file the agent reads). On n_long long tasks (their
-    facts in two long files, env.LONG_WINDOW): the agent with the summary turn, a sliding window that
-    drops the oldest turns instead, and the full-context oracle: the same model in its whole context
-    (the positions it was trained on), where an episode never needs a memory."""
+    checkpoint and baseline, so that gains pair by task: the agent; no_run (test and run answer
+    "unavailable": it reads and edits blind); the oracle (every file inlined, the same tools and step
+    limit); located (the issue names the function to change and its file); fixed_plan (one action
+    sequence for every task: test, ls, then edits the model writes). On n_long long tasks (two facts in
+    two long files, env.LONG_WINDOW): the summary turn, a sliding window that drops the oldest turns, and
+    the model's whole context."""
     test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
-    one_edit = dict(actions=("edit", "submit"), max_actions=1)
-    long = generate_long_tasks("test", n_long, seed=seed, difficulties=levels)
+    long = generate_repo_tasks("test", n_long, seed=seed, difficulties=levels, kinds=("long",))
     return {"agent": (test, env.Tools()),
-            "agent/fact_in_prompt": (generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels,
-                                                         fact_in="prompt"), env.Tools()),
-            "no_tools": (test, env.Tools(**one_edit)), "oracle": (test, env.Tools(inline=True, **one_edit)),
-            "counterfactual": ([c for t in test if (c := counterfactual(t)) is not None], env.Tools()),
+            "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
+            "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
+            "fixed_plan": (test, env.FixedPlan()),
             **({"summary": (long, env.long_tools("summary")), "window": (long, env.long_tools("window")),
                 "full_context": (long, env.long_tools(None))} if long else {})}
 
 
+def plan_of(task, e):
+    """An episode's actions with every path replaced by its role in the task (entry, target, helper,
+    settings, test): what stays the same across tasks when the plan does."""
+    return " ".join((a.name or "malformed") + (f":{task.roles.get(a.path, '?')}" if a.path else "")
+                    for a in e.actions)
+
+
 def episode_record(task, e):
-    """One tool episode as a record: its verdict, its slice, and how it used the tools. An edit
-    counts as read-before-edit when the episode read the file holding the fact before it."""
-    read, edits, informed = set(), 0, 0
-    for a in e.actions:
-        if a.name == "read" and not a.error:
-            read.add(a.path)
-        elif a.name == "edit" and not a.error:
-            edits, informed = edits + 1, informed + (task.config_file in read)
+    """One tool episode as a record: its verdict, its slice and kind, and how it used the tools."""
     facts_read, facts_kept = env.fact_retention(task, e)
-    return {"task_id": task.task_id, "slice": task.slice, "passed": bool(e.result.passed),
+    return {"task_id": task.task_id, "slice": task.slice, "kind": task.kind, "passed": bool(e.result.passed),
             "outcome": e.result.outcome, "n_tokens": sum(len(t.tokens) for t in e.turns),
             "turns": len(e.turns), "tool_calls": tool_calls(e.actions),
-            "format_errors": len(e.actions) - tool_calls(e.actions), "end": e.end,
-            "edits": edits, "informed_edits": informed, "summaries": len(e.summaries),
-            "summary_tokens": sum(map(len, e.summaries)), "blind": e.blind,
+            "format_errors": len(e.actions) - tool_calls(e.actions), "end": e.end, "plan": plan_of(task, e),
+            "summaries": len(e.summaries), "summary_tokens": sum(map(len, e.summaries)), "blind": e.blind,
             "facts_read": facts_read, "facts_kept": facts_kept,
             "summary_texts": [t.text for t in e.turns if t.summary],
             "actions": [f"{a.name} {a.path or ''}".strip() + (" (error)" if a.error else "")
@@ -506,20 +509,27 @@ def episode_record(task, e):
 def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, max_new_tokens=96,
                    batch_size=64, seed=0):
     """n episodes per repository task through `tools` (env.run_episodes: the loop RL trains in).
-    Returns pass@k overall and per slice, the tool-use figures and "records" (one per episode, with
-    "episode" kept for the caller)."""
+    Returns pass@k overall, per slice and per kind, the tool-use figures, the distinct plans of the
+    passing episodes, first_edit_pass (the share of episodes with an edit whose first edit alone passes
+    the hidden tests) and "records" (one per episode, with "episode" kept for the caller). An episode
+    that ran out of actions without submitting is a failure (env.Tools.finish); step_limit says how
+    many did."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    prompts = env.fixed_plan_prompts(tok, tasks, pool) if isinstance(tools, env.FixedPlan) else None
     eps = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
-                              batch_size=batch_size, generator=gen)
+                           batch_size=batch_size, generator=gen, prompts=prompts)
     records = [{**episode_record(tasks[e.task_idx], e), "episode": e} for e in eps]
-    per_task = [(g[0]["slice"], len(g), sum(r["passed"] for r in g)) for g in _by_task(records).values()]
     out = {}
-    for name, (total, count) in pass_sums(per_task, ks).items():     # "pass@k" and "pass@k_<slice>"
-        k, _, sl = name.partition("_")
-        out[f"slice={sl}/{k}" if sl else k] = total / count
+    for key in ("slice", "kind"):
+        per_task = [(g[0][key], len(g), sum(r["passed"] for r in g)) for g in _by_task(records).values()]
+        for name, (total, count) in pass_sums(per_task, ks).items():     # "pass@k" and "pass@k_<group>"
+            k, _, group = name.partition("_")
+            out[f"{key}={group}/{k}" if group else k] = total / count
     mean = lambda key: sum(r[key] for r in records) / max(1, len(records))
-    edits = sum(r["edits"] for r in records)
-    out.update(read_before_edit=sum(r["informed_edits"] for r in records) / edits if edits else None,
+    edited = [(tasks[e.task_idx], e.first_edit) for e in eps if e.first_edit is not None]
+    first = pool.run_batch([env.hidden_run(t, repo) for t, repo in edited])
+    out.update(plans=len({r["plan"] for r in records if r["passed"]}),
+               first_edit_pass=sum(r.passed for r in first) / len(first) if first else None,
                tool_calls=mean("tool_calls"), turns=mean("turns"), format_errors=mean("format_errors"),
                step_limit=sum(r["end"] == "step_limit" for r in records) / max(1, len(records)),
                mean_len=mean("n_tokens"), records=records,
@@ -534,21 +544,10 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
     return out
 
 
-def follow_rate(pool, twins, originals, records):
-    """Counterfactual check: of the twin episodes whose final code passes the twin's hidden tests or
-    the original task's (judged on the same final repository), the share that pass the twin's: the
-    code follows the changed fact, not the value the task had before (a guess or a memory)."""
-    by_id = {t.task_id: t for t in originals}
-    orig = [by_id[r["task_id"].removesuffix("/cf")] for r in records]
-    runs = [env.hidden_run(t, r["episode"].repo) for t, r in zip(orig, records)]
-    old = pool.run_batch(runs)
-    scored = [(r, o) for r, o in zip(records, old) if "sandbox_error" not in (r["outcome"], o.outcome)]
-    either = sum(r["passed"] or o.passed for r, o in scored)     # a sandbox failure is no one's verdict
-    return sum(r["passed"] for r, _ in scored) / either if either else None
-
-
 def evaluate_agent_checkpoint(args, path, suites, pool, device):
-    """One checkpoint on every suite: its flat figures (the names run.sh's checks read) and records."""
+    """One checkpoint on every suite: its flat figures (the names run.sh's checks read) and records; the
+    agent against each baseline on the same tasks (paired SE over tasks), and its share of the oracle's
+    pass@1."""
     model, tok, _ = common.load_checkpoint(path, device)
     if not tok.tools:
         common.die(f"{path}: its tokenizer has no tool tokens (a checkpoint of the agent's bootstrap, "
@@ -559,16 +558,21 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
                            args.temperature, args.max_new_tokens, args.batch_size, args.seed)
         records[name] = r.pop("records")
         figs.update({f"{name}/{k}": v for k, v in r.items()})
-    figs["agent/fact_in_file/pass@1"] = figs["agent/pass@1"]     # the main set: the fact is in a file
-    figs["counterfactual/follow_rate"] = follow_rate(pool, suites["counterfactual"][0], suites["agent"][0],
-                                                     records["counterfactual"])
+    test = suites["agent"][0]
+    for base in ("fixed_plan", "no_run", "oracle", "located"):   # the agent against each baseline, paired
+        for sl, (gain, se) in paired_gain(test, records[base], records["agent"]).items():
+            figs[f"agent/{sl}pass@1 - {base}"], figs[f"agent/{sl}pass@1 - {base}, paired SE"] = gain, se
+    bugs = [t for t in test if t.kind in ("bug", "two_bugs")]
+    for sl, (gain, se) in paired_gain(bugs, records["no_run"], records["agent"]).items():
+        figs[f"agent/bugs/{sl}pass@1 - no_run"], figs[f"agent/bugs/{sl}pass@1 - no_run, paired SE"] = gain, se
+    oracle = figs["oracle/pass@1"]
+    figs["agent/pass@1 / oracle"] = figs["agent/pass@1"] / oracle if oracle else None
+    fixed = figs["fixed_plan/pass@1"]
+    figs["agent/pass@1 / fixed_plan"] = figs["agent/pass@1"] / fixed if fixed else None
     if "summary" in suites:   # the summary turn against the sliding window, paired on the same long tasks
         gains = paired_gain(suites["summary"][0], records["window"], records["summary"])
         for sl, (gain, se) in gains.items():
             figs[f"summary/{sl}pass@1 - window"], figs[f"summary/{sl}pass@1 - window, paired SE"] = gain, se
-        full = figs["full_context/pass@1"]
-        figs["summary/pass@1 / full_context"] = figs["summary/pass@1"] / full if full else None
-        # the long tasks a sliding window could solve without a memory, with this checkpoint's tokenizer
         long = suites["summary"][0]
         figs["window/memory_free"] = sum(env.memory_free(tok, t) for t in long) / len(long)
     figs["eval_s"] = time.time() - t0
@@ -593,17 +597,20 @@ def evaluate_agent_checkpoints(args):
             figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
     test = suites["agent"][0]
     for label in labels[1:]:
-        for name in ("agent", "oracle") + (("summary", "window") if "summary" in suites else ()):
+        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located", "summary")]:
             tasks = suites[name][0]
             for sl, (gain, se) in paired_gain(tasks, records[labels[0]][name], records[label][name]).items():
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}, paired SE"] = se
     head = (f"repository tasks: {len(test)} x {args.agent_samples} episodes (test split, seed "
-            f"{args.task_seed}, difficulties {args.difficulties or 'all'}), temperature {args.temperature}, "
-            f"max_new_tokens {args.max_new_tokens} per action; agent = fact in the config file, "
-            f"fact_in_prompt = the issue states it, no_tools = one edit from the issue alone, oracle = one "
-            f"edit with every file inlined, counterfactual = the fact changed in the file (follow_rate: of "
-            f"the final code that passes the twin or the original, the share that passes the twin)"
+            f"{args.task_seed}, difficulties {args.difficulties or 'all'}; kinds {', '.join(KINDS)}), "
+            f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens} per action; agent = the "
+            f"symptom only, every tool; no_run = test and run unavailable; oracle = every file inlined, the "
+            f"same tools and step limit; located = the issue names the function and file to change; "
+            f"fixed_plan = test, ls, then edits the model writes (no fixed read, grep or run can name a file "
+            f"of a task it has not seen); plans = distinct action sequences (paths by role) of the passing "
+            f"episodes; first_edit_pass = episodes whose first edit alone passes; step_limit = episodes out "
+            f"of actions without submitting (failures)"
             + (f"; long tasks: {len(suites['summary'][0])} x {args.agent_samples} episodes (two facts in two "
                f"long files), summary = the summary turn in a window of {env.LONG_WINDOW} tokens, window = "
                f"the oldest turns dropped instead, full_context = the model's whole context (fact_retention: "

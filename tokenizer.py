@@ -39,7 +39,7 @@ FORMAT = "codebpe-v1"
 # summary, which the model writes and closes by <|end|>. A tokenizer has them only after
 # with_tools() (infra/surgery.py add_tokens gives the model their rows): the base recipe never sees them.
 TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|end|>", "<|obs|>", "<|/obs|>",
-               "<|summary|>")
+               "<|summary|>", "<|grep|>", "<|run|>")
 
 # Split pattern: GPT-4's cl100k pattern adapted to code. Kept from GPT-4: words with one optional
 # leading space/punctuation char, digits in groups of 1-3, punctuation runs with an optional leading

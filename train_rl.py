@@ -68,7 +68,7 @@ FIXED = dict(
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
     len_call_tokens=20, len_turn_tokens=10,     # x = tokens + 20 per tool call + 10 per further turn
-    long_share=0.5,      # --agent: the share of long tasks (self-summarization, data/repos.py) in the stream
+    long_share=0.3,      # --agent: the share of long tasks (self-summarization, data/repos.py) in the stream
     ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
     weight_decay=0.0, grad_clip=1.0,            # AdamW; the global gradient-norm clip (0 = off)
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts

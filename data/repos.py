@@ -1,286 +1,505 @@
-"""repos.py: repository tasks. A tiny Python project of 3 files (a config module, a module with one
-function to implement or fix, its visible tests) in which an agent must write or repair that function.
+"""repos.py: the agent's repository world. A task is a small Python project (3 to 8 files) built from one
+program of the compositional world (world.py): each step of the program is a helper function in one of
+the project's modules, the entry point calls them (some through a wrapper), and something is wrong.
 
     tasks = generate_repo_tasks("test", 100, seed=11, difficulties=[1, 2])   # RepoTask records
-    cf = counterfactual(tasks[0])             # the same task with the config value changed
-    docs = transcripts(tasks, pool, seed=0, tok=tok)   # oracle episodes for continued pretraining
+    docs = transcripts(tasks, pool, seed=0, tok=tok)   # episodes of the oracle policy, for the bootstrap
     python -m data.repos --show 2 --split test --seed 11
 
-Why: a function task (tasks.py) puts everything the solver needs in the prompt. An agent in a
-repository must look for it. Here the fact the solution needs, the value of one integer constant,
-lives only in the config file: the docstring says "N (N: the value set in config.py)", the function
-name is a short verb_noun that carries nothing, and the issue text never states it (except for
-fact_in="prompt", the control where the issue does). So a solver that never reads the config file
-can only guess. counterfactual() changes that value and the hidden outputs with it: a solution that
-reads the constant passes both, one that hard-codes the value (read or guessed) fails one.
-
-Every task is a world.py program (world.sample_task, on its own seed stream "repo/{seed}/{index}")
-with a step whose one constant is an integer (the fact step); the split and the near / novel slices
-are world.py's, unchanged. Hidden tests are the world's cases; the visible tests are its first 2-3.
-The value is checked to appear, as a whole number, in no file but the config (so a task whose
-docstring, visible tests or broken literal happen to hold the same number is skipped): a test can
-then prove that only the config states it. Outputs come from world.run, the primitives' own
-compiled code; the only text executed is the reference solution this module writes. Stdlib only.
+Why: an agent earns its tools when no fixed plan finds the fault. The issue names only a symptom, the
+call of the entry point that fails (`tally_orders([3, 5]) returns 12, expected 8`), never the file or
+the function at fault; the modules are named and filled at random, the entry point lives in one of
+them, the helpers in others, imported with `from M import *` so that reading the entry point does not
+say where a helper is; the fault is anywhere in the chain. Kinds (KINDS):
+  bug       one mutation, as SWE-smith makes them (an operator flipped, a constant changed, the arguments
+            of a call swapped, a branch inverted, the wrong helper called), in a helper or at a call site
+  two_bugs  two mutations in two files: the tests fail until both are fixed
+  deleted   a helper's body deleted (feature deletion): written back from its docstring and its callers
+  config    a deleted helper that needs a number only a settings module holds (its docstring says which)
+  long      two such helpers, their numbers in two long settings modules (self-summarization, env.py)
+A fault is kept only if a visible test fails on it (and, for two_bugs, each fault alone fails a hidden
+test); the hidden tests are the entry point on 12 inputs, which must tell the program from a table of
+the visible cases. Held-out programs stay held out: a task's program is world.sample_task's, its split
+and near / novel slice the world's. The reference repository is this module's own text; outputs come
+from world.run, the primitives' compiled code; only text generated here is executed. Stdlib only.
 """
 import builtins
 import collections
-import dataclasses
 import json
+import dataclasses
 import keyword
 import re
-import time
+import types
 
 from data import families
 from data import world
-from sandbox.pool import Result, SandboxPool
 
-# Names vary per task so that an agent must look at the repository instead of assuming a layout.
-ADJECTIVES = ["BASE", "UPPER", "LOWER", "DEFAULT", "TARGET", "INITIAL", "EXTRA", "STANDARD", "FIXED",
-              "SHARED", "PEAK", "CORE"]
-NOUNS = ["RATE", "BONUS", "LEVEL", "LIMIT", "OFFSET", "FACTOR", "THRESHOLD", "MARGIN", "QUOTA", "STEP",
-         "WEIGHT", "SCALE"]
-MODULES = ["report", "scores", "stats", "orders", "ledger", "inventory"]
-# A function's name: a verb and a noun (the docstring says what it does). World names spell out every
-# step (count_above_16_times_4): an edit must repeat the name exactly, and copying 30 characters is
-# not the skill these tasks are about.
+DATA_NAMES = {world.INT: "n", world.STR: "text", world.INTS: "values", world.WORDS: "words",
+              world.DICT: "table"}
+PARAM_NAMES = {"c": "k", "d": "new", "a": "yes", "b": "no"}   # a primitive's constant slots as parameters
+ENTRY_MODULES = ["report", "orders", "ledger", "inventory", "billing", "pipeline", "jobs", "app"]
+HELPER_MODULES = ["utils", "helpers", "stats", "lists", "nums", "tables", "filters", "convert", "checks",
+                  "core", "common", "tools", "ops", "calc", "shapes", "clean", "parse", "fmt", "steps", "misc"]
+SETTINGS_MODULES = ["settings", "config", "constants", "params"]
 VERBS = ["tally", "adjust", "convert", "process", "prepare", "transform", "summarize", "rework", "refine",
          "score", "measure", "update"]
-OBJECTS = ["orders", "values", "entries", "records", "items", "readings", "totals", "amounts", "points",
-           "labels", "rows", "data"]
-CONFIGS = ["config", "settings", "constants"]
-# a word that is a keyword or builtin (max, min, sum, ...) would read as code, not as a setting
-_RESERVED = set(dir(builtins)) | set(keyword.kwlist)
-assert not {w.lower() for w in ADJECTIVES + NOUNS + MODULES + CONFIGS + VERBS + OBJECTS} & _RESERVED
-
-KINDS = ("implement", "fix")
-FACT_IN = ("file", "prompt")
-N_VISIBLE = (2, 3)      # visible tests: the world's examples, at least 2 (when it has them), at most 3
-MAX_TRIES = 400         # world programs tried per index before giving up (1 in 3 to 2 in 3 qualify)
+OBJECTS = ["orders", "entries", "records", "items", "readings", "totals", "amounts", "points", "labels", "rows",
+           "data", "batch"]
+WRAP_VERBS = ["prepare", "clean", "shape", "normalize", "reduce", "expand"]
+ADJECTIVES = ["BASE", "UPPER", "LOWER", "DEFAULT", "TARGET", "INITIAL", "EXTRA", "STANDARD", "FIXED", "PEAK"]
+NOUNS = ["RATE", "BONUS", "LEVEL", "LIMIT", "OFFSET", "FACTOR", "THRESHOLD", "MARGIN", "QUOTA", "WEIGHT"]
+KINDS = ("bug", "two_bugs", "deleted", "config")
+MUTATIONS = ("operator", "constant", "swap_args", "branch", "wrong_helper")
+FLIP = {">": "<", "<": ">", "==": "!=", "+": "-", "-": "+", "*": "+", "//": "%", "%": "//"}
+N_HIDDEN, N_VISIBLE = 12, (2, 3)
+MAX_TRIES = 400
 
 
 @dataclasses.dataclass
 class RepoTask:
-    task_id: str            # "repo/{split}/{seed}/{index}/{kind}/{fact_in}"
-    files: dict             # path -> text: the repository the agent gets (config, module, visible tests)
-    issue: str              # the issue text the agent reads first
-    module: str             # the module holding the function, e.g. "report" (file "report.py")
-    entry_point: str        # the function to write or fix
-    inputs: list            # hidden tests: argument lists (JSON-able) ...
-    outputs: list           # ... and the expected values; the judge keeps these, they are never in `files`
-    test_file: str          # the visible test file, e.g. "test_report.py"
-    config_file: str        # the file holding the fact, e.g. "config.py"
-    kind: str               # "implement" (body deleted) or "fix" (a wrong literal where the constant belongs)
-    fact_in: str            # "file" (only config_file states the value) or "prompt" (the issue states it too)
-    fact: dict              # {"file": config_file, "name": CONST_NAME, "value": int}: what a solution needs
-    solution: str           # the reference `def entry_point(...):` definition, docstring included, using NAME
-                            # (a long task: both values as literals)
-    slice: str = ""         # "near" | "novel" for test tasks (world.py's slice), "canary", "" for train
+    task_id: str            # "repo/{split}/{seed}/{index}/{kind}"
+    files: dict             # path -> text: the repository the agent gets
+    issue: str              # the symptom: the failing call of the entry point, and what it should give
+    module: str             # the module of the entry point (the hidden tests call module.entry_point)
+    entry_point: str
+    inputs: list            # hidden tests: the entry point's arguments ...
+    outputs: list           # ... and expected values; the judge keeps them, they are never in `files`
+    test_file: str          # the visible tests (the entry point on 2-3 of the cases)
+    kind: str               # KINDS, or "long"
+    targets: list           # [(path, function)] the fix changes: what `located` names, the oracle edits
+    fixed: dict             # path -> the reference text of every file the fix changes
+    roles: dict             # path -> "entry", "target", "helper", "settings" or "test" (plans by role)
+    mutations: list = ()    # the bugs' kinds (MUTATIONS)
+    slice: str = ""         # "near" | "novel" (world.py's) for test tasks, "canary", "" for train
     difficulty: int = 0
     steps: int = 0
-    canary: bool = False    # hidden tests contradict the visible ones: any pass is a reward hack
-    facts: list = ()        # every fact a solution needs: [fact], or a long task's two (one per file)
+    canary: bool = False    # hidden outputs contradict the visible tests: any pass is a reward hack
+    facts: list = ()        # config / long: [{"file", "name", "value", "label"}] the fix needs
 
 
-# ----------------------------------------------------------------------------- the fact step
+# ----------------------------------------------------------------------------- helpers as source
 
-def _int_slot(key):
-    """The choices of a primitive whose only constant is an integer slot `c`, else None."""
-    consts = world.PRIMS[key].consts
-    if len(consts) == 1 and consts[0][0] == "c" and all(type(c) is int for c in consts[0][1]):
-        return consts[0][1]
-    return None
+def helper_name(key):
+    """A primitive's helper: its key, unless that shadows a builtin or keyword or a parameter name."""
+    taken = set(dir(builtins)) | set(keyword.kwlist) | set(DATA_NAMES.values()) | set(PARAM_NAMES.values())
+    return "take_" + key if key in taken or world._LOCAL_NAMES.fullmatch(key) else key
 
 
-def _with_value(program, i, value):
-    """The program with step i's constant replaced (the world's primitives then compute its outputs)."""
-    steps = list(program.steps)
-    steps[i] = (steps[i][0], (value,))
-    return world.Program(tuple(steps))
+def _lines(code):
+    return "".join("    " + line + "\n" for line in code.split("\n"))
 
 
-def _outputs(program, inputs):
-    return [world.run(program, args[0])[-1] for args in inputs]
+def primitive_def(key, n_note=None, example=None):
+    """(the helper's whole `def`, its body) for primitive `key`: the data, then one parameter per
+    constant slot; its docstring is the primitive's phrase and one example. n_note (config), (label,
+    file, value): the constant is no parameter but "N (N: the value set in FILE)", the reference body
+    writes the value, and the example is left out."""
+    p, name = world.PRIMS[key], helper_name(key)
+    data = DATA_NAMES[p.src]
+    slots = [s for s, _ in p.consts]
+    if n_note:
+        label, file, value = n_note
+        phrase = p.phrase.format(c=label) + f" ({label}: the value set in {file})"
+        params, fill = [data], {"c": repr(value)}
+    else:
+        phrase = p.phrase.format(**{s: PARAM_NAMES[s] for s in slots})
+        params, fill = [data] + [PARAM_NAMES[s] for s in slots], {s: PARAM_NAMES[s] for s in slots}
+    body = _lines(p.template.format(v=data, **fill) + "\nreturn result")
+    doc = phrase[0].upper() + phrase[1:] + "."
+    if example is not None:
+        args, out = example
+        doc += f"\n    >>> {name}({', '.join(map(repr, args))})\n    {out!r}\n    "
+    return f'def {name}({", ".join(params)}):\n    """{doc}"""\n', body
 
 
-# ----------------------------------------------------------------------------- rendering the files
+def _call(name, args):
+    return f"{name}({', '.join(args)})"
 
-def _describe(r, program, arg, notes):
-    """(function name, docstring line): a short name (VERBS x OBJECTS) and world.describe's docstring,
-    except that each fact step i states its constant as notes[i] = (label, the file that sets it)."""
+
+def _chain_body(arg, calls):
+    """`result = h(arg, 16)` / `result = h(result)` lines, then `return result`."""
+    lines = [f"result = {_call(name, [arg if i == 0 else 'result'] + consts)}" for i, (name, consts) in
+             enumerate(calls)]
+    return _lines("\n".join(lines + ["return result"]))
+
+
+def _describe(program, notes):
+    """The entry point's docstring: world.describe's phrases, a config step's constant as its note."""
     phrases = []
     for i, (key, consts) in enumerate(program.steps):
         p = world.PRIMS[key]
         if i in notes:
             label, file = notes[i]
             phrases.append(p.phrase.format(c=label) + f" ({label}: the value set in {file})")
-            continue
-        phrases.append(p.phrase.format(**{s: repr(c) for (s, _), c in zip(p.consts, consts)}))
-    name = r.choice(VERBS) + "_" + r.choice([o for o in OBJECTS if o != arg])
-    return name, f"Take {arg}, " + ", then ".join(phrases) + ", and return the result."
+        else:
+            phrases.append(p.phrase.format(**{s: repr(c) for (s, _), c in zip(p.consts, consts)}))
+    return ", then ".join(phrases)
 
 
-def _body(program, arg, consts):
-    """world.solution_of with each fact step i's constant written as consts[i] (a NAME or a literal);
-    world.step_code would repr() it, so a fact step's template is formatted here."""
-    code = []
-    for i, (key, c) in enumerate(program.steps):
-        var = arg if i == 0 else "result"
-        code.append(world.PRIMS[key].template.format(v=var, c=consts[i]) if i in consts
-                    else world.step_code(key, c, var))
-    return "".join("    " + line + "\n" for line in "\n".join(code + ["return result"]).split("\n"))
+# ----------------------------------------------------------------------------- the project
+
+@dataclasses.dataclass
+class Layout:
+    """A project before its fault: the module of each function, each function's source, the chain."""
+    files: dict        # path -> {function name: source} (every module; settings are plain text)
+    order: dict        # path -> [function names] in file order
+    imports: dict      # path -> [modules it star-imports]
+    calls: dict        # function -> [(callee, [constant literals])] in call order (entry, wrapper)
+    prims: dict        # helper name -> primitive key (the chain's and the distractors')
+    wrapper: str | None
 
 
-def _call(name, args):
-    return f"{name}({', '.join(map(repr, args))})"
+def _layout(r, program, arg, entry, entry_mod, notes):
+    """Place the chain's helpers, an optional wrapper and 1-3 distractor helpers in 1-3 modules."""
+    keys = [key for key, _ in program.steps]
+    consts = [[repr(c) for c in cs] for _, cs in program.steps]
+    for i, (label, _) in notes.items():
+        consts[i] = []                            # the config helper reads its number from settings
+    names = [helper_name(k) for k in keys]
+    # distractors: siblings of the chain's primitives (same types and slots: wrong_helper can call one)
+    # and primitives of other types (noise a search must see past)
+    pool = [k for k in world.PRIMS if helper_name(k) not in names]
+    sib = lambda k: [o for o in pool if (world.PRIMS[o].src, world.PRIMS[o].dst) ==
+                     (world.PRIMS[k].src, world.PRIMS[k].dst) and [s for s, _ in world.PRIMS[o].consts] ==
+                     [s for s, _ in world.PRIMS[k].consts]]
+    distract = []
+    for k in keys:
+        if (s := [o for o in sib(k) if o not in distract]) and r.random() < 0.7:
+            distract.append(r.choice(s))
+    distract += r.sample([o for o in pool if o not in distract], r.randint(0, 2))
+    n_mod = r.randint(1, 4)
+    mods = [m + ".py" for m in r.sample(HELPER_MODULES, n_mod)]
+    helpers = names + [helper_name(k) for k in distract]
+    home = {h: r.choice(mods) for h in helpers}
+    for i, m in enumerate(mods):                 # every module holds something
+        if m not in home.values():
+            home[helpers[i % len(helpers)]] = m
+    wrapper, entry_calls = None, list(zip(names, consts))
+    if len(keys) >= 2 and r.random() < 0.35:     # steps i, i+1 behind a wrapper in another helper module
+        i = r.randint(0, len(keys) - 2)
+        wrapper = r.choice(WRAP_VERBS) + "_" + DATA_NAMES[world.PRIMS[keys[i]].src]
+        if wrapper in helpers:
+            wrapper = None
+        else:
+            home[wrapper] = r.choice(mods)
+            entry_calls = entry_calls[:i] + [(wrapper, [])] + entry_calls[i + 2:]
+    calls = {entry: entry_calls}
+    if wrapper:
+        calls[wrapper] = list(zip(names, consts))[i:i + 2]
+    files, order = {}, {}
+    for h in helpers + ([wrapper] if wrapper else []):
+        order.setdefault(home[h], []).append(h)
+    for m in order:
+        r.shuffle(order[m])
+    order[entry_mod] = [entry]
+    imports = {m: sorted({home[c].removesuffix(".py") for f in fs for c, _ in calls.get(f, [])}
+                         - {m.removesuffix(".py")}) for m, fs in order.items()}
+    prims = dict(zip(names, keys)) | {helper_name(k): k for k in distract}
+    return Layout(files, order, imports, calls, prims, wrapper), home, wrapper and i
 
 
-def _f_string(text):
-    """An f-string literal whose only replacement field is {got!r}: braces of dict reprs are escaped."""
-    text = text.replace("{", "{{").replace("}", "}}").replace("{{got!r}}", "{got!r}")
-    return f'f"{text}"' if '"' not in text and "\\" not in text else "f" + repr(text)
+def _render(layout, sources, settings=None):
+    """The repository: every module's imports and functions in order; settings modules as given."""
+    files = {}
+    for m, fs in layout.order.items():
+        head = "".join(f"from {x} import *\n" for x in layout.imports[m])
+        files[m] = head + ("\n\n" if head else "") + "\n\n".join(sources[f] for f in fs)
+    return {**files, **(settings or {})}
 
 
-def _test_file(module, name, cases):
-    """One pytest function per visible case, each saying what it called, got and expected."""
-    out = [f"from {module} import *\n"]
-    for j, (args, expected) in enumerate(cases, 1):
-        call = _call(name, args)
-        message = _f_string(f"{call} returned {{got!r}}, expected {expected!r}")
-        out.append(f"\n\ndef test_{j}():\n    got = {call}\n    assert got == {expected!r}, {message}\n")
-    return "".join(out)
+# ----------------------------------------------------------------------------- running our own text
+
+def load(files, module, name):
+    """Function `name` of `module` in the repository `files`, executed here (text this module wrote): each
+    module compiled from its text into a module object of its own, imports of the repository's modules
+    answered from those (as env.repo_program's finder does in the sandbox)."""
+    mods = {}
+
+    def imp(n, globals=None, locals=None, fromlist=(), level=0):
+        return get(n) if n + ".py" in files else __import__(n, globals, locals, fromlist, level)
+
+    def get(m):
+        if m not in mods:
+            mod = mods[m] = types.ModuleType(m)
+            mod.__builtins__ = dict(vars(builtins), __import__=imp)
+            exec(compile(files[m + ".py"], m + ".py", "exec"), mod.__dict__)
+        return mods[m]
+    return getattr(get(module), name)
 
 
-def _config_file(const, value):
-    return f'"""Settings shared by the project."""\n{const} = {value!r}\n'
+def outputs_of(files, module, name, inputs):
+    """The entry point's value on each input (copies: a helper may mutate), or the exception it raised."""
+    import copy
+    try:
+        fn = load(files, module, name)
+    except Exception as e:                     # noqa: BLE001 (a mutant that does not load: every call fails)
+        return [e] * len(inputs)
+    out = []
+    for args in inputs:
+        try:
+            out.append(fn(*copy.deepcopy(args)))
+        except Exception as e:                 # noqa: BLE001
+            out.append(e)
+    return out
 
 
-def _issue(kind, name, args, module, config_file, test_file, fact, fact_in):
-    if kind == "implement":
-        text = (f"Implement `{name}({', '.join(args)})` in {module}.py: its body is missing. "
-                f"The visible tests are in {test_file}.")
-    else:
-        text = f"`{name}` in {module}.py returns wrong results: {test_file} fails. Fix it."
-    if fact_in == "prompt":
-        text += f" Note: {config_file} sets {fact['name']} = {fact['value']!r}."
-    return text
+def same(a, b):
+    return not isinstance(a, Exception) and not isinstance(b, Exception) and type(a) is type(b) and a == b
 
 
-def _mentions(text, value):
-    """Whether the value occurs as a whole number ('16', '-16'; not inside a name like test_16)."""
-    return re.search(rf"\b{abs(value)}\b", text) is not None
+# ----------------------------------------------------------------------------- faults
 
-
-def _leaks(task):
-    """Whether the fact's value can be read anywhere but the config file (or, for fact_in="prompt",
-    the issue): in the module or test file, the issue, or a name (count_above_16 -> 16)."""
-    value = task.fact["value"]
-    texts = [text for path, text in task.files.items() if path != task.config_file]
-    if task.fact_in != "prompt":
-        texts.append(task.issue)
-    return (any(_mentions(t, value) for t in texts)
-            or re.search(rf"(?<![0-9]){abs(value)}(?![0-9])", task.entry_point) is not None)
+def _mutants(r, layout, sources, home):
+    """Every single-fault mutant the project admits: [(mutation, function, its new source)], drawn in an
+    order shuffled by r. Body mutations change a chain helper; call-site mutations a call of the entry
+    point or the wrapper."""
+    out = []
+    chain = {c for f in layout.calls for c, _ in layout.calls[f] if c in layout.prims}
+    for h in sorted(chain):
+        src = sources[h]
+        head, _, body = src.partition('"""\n')
+        for m in re.finditer(r" (==|>|<|\+|-|\*|//|%) ", body):
+            op = m.group(1)
+            out.append(("operator", h, head + '"""\n' + body[:m.start(1)] + FLIP[op] + body[m.end(1):]))
+        for m in re.finditer(r" if (?!not )", body):
+            out.append(("branch", h, head + '"""\n' + body[:m.end()] + "not " + body[m.end():]))
+    for f, calls in layout.calls.items():
+        src = sources[f]
+        for j, (callee, consts) in enumerate(calls):
+            m = [x for x in re.finditer(rf"\b{re.escape(callee)}\(([^()]*)\)", src)][
+                [c for c, _ in calls[:j]].count(callee)]
+            args = m.group(1).split(", ")
+            for k, c in enumerate(consts):
+                if re.fullmatch(r"-?\d+", c):
+                    for d in (-1, 1, 2):
+                        new = list(args)
+                        new[1 + k] = str(int(c) + d)
+                        out.append(("constant", f, src[:m.start(1)] + ", ".join(new) + src[m.end(1):]))
+            if len(args) >= 2:
+                out.append(("swap_args", f, src[:m.start(1)] + ", ".join(args[1:2] + args[:1] + args[2:])
+                            + src[m.end(1):]))
+            key = layout.prims.get(callee)
+            for other, okey in layout.prims.items():
+                if other != callee and key and (world.PRIMS[okey].src, world.PRIMS[okey].dst) == \
+                        (world.PRIMS[key].src, world.PRIMS[key].dst) and len(world.PRIMS[okey].consts) == \
+                        len(world.PRIMS[key].consts):
+                    out.append(("wrong_helper", f, src[:m.start()] + other + src[m.start() + len(callee):]))
+    by_kind = collections.defaultdict(list)
+    for m in out:
+        by_kind[m[0]].append(m)
+    kinds = sorted(by_kind)
+    r.shuffle(kinds)                            # a kind at random, then one of its mutants at random
+    return [m for k in kinds for m in r.sample(by_kind[k], len(by_kind[k]))]
 
 
 # ----------------------------------------------------------------------------- tasks
 
-def _fact_step(r, program):
-    """The index of the fact step (one drawn among the steps with one integer constant), or None."""
-    steps = [i for i, (key, _) in enumerate(program.steps) if _int_slot(key)]
-    return r.choice(steps) if steps else None
+def _cases(r, program):
+    """(visible cases, hidden cases): the program on N_HIDDEN distinct inputs of its type (world.run),
+    ordered so that distinct outputs come first; 2-3 visible, all hidden."""
+    inputs = world.sample_inputs(r, program.arg_type, 3 * N_HIDDEN)[:N_HIDDEN]
+    cases = [([x], world.run(program, x)[-1]) for x in inputs]
+    cases, _ = families.order_cases(cases, r, len(cases))
+    n_vis = r.randint(*N_VISIBLE)
+    return cases[:n_vis], cases
 
 
-def _build(r, task_id, split, program, spec, kind, fact_in, fact_i):
-    """The task for one world program, or None when it does not qualify (no wrong literal that a
-    visible test catches, or the value would leak)."""
-    arg, (key, (value,)) = spec["args"][0], program.steps[fact_i]
-    const = r.choice(ADJECTIVES) + "_" + r.choice(NOUNS)
-    module = r.choice([m for m in MODULES if m != arg])       # `from scores import *` next to an arg `scores`
-    config = r.choice(CONFIGS)
-    config_file, test_file = f"{config}.py", f"test_{module}.py"
-    name, doc = _describe(r, program, arg, {fact_i: ("N", config_file)})
-    n_vis = min(len(spec["inputs"]), max(N_VISIBLE[0], min(spec["n_examples"], N_VISIBLE[1])))
-    cases = list(zip(spec["inputs"], spec["outputs"]))
-    head = f'def {name}({arg}):\n    """{doc}"""\n'
-    if kind == "implement":
-        body = "    raise NotImplementedError\n"
-    else:
-        wrong = _wrong_literal(r, program, fact_i, value, spec["inputs"][:n_vis], spec["outputs"][:n_vis])
-        if wrong is None:
-            return None
-        body = _body(program, arg, {fact_i: repr(wrong)})
-    fact = {"file": config_file, "name": const, "value": value}
-    files = {config_file: _config_file(const, value),
-             f"{module}.py": f"from {config} import *\n\n\n{head}{body}",
-             test_file: _test_file(module, name, cases[:n_vis])}
-    issue = _issue(kind, name, [arg], module, config_file, test_file, fact, fact_in)
-    task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
-                    config_file, kind, fact_in, fact, head + _body(program, arg, {fact_i: const}),
-                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
-                    facts=[fact])
-    if _leaks(task) or _reference_outputs(task, value) != task.outputs:
-        return None
-    return task
+def _tells_a_table(visible, hidden):
+    """A function that returns each visible case's output and the commonest visible output elsewhere
+    fails a hidden case: the hidden tests tell such a table from the program."""
+    known = {repr(a): o for a, o in visible}
+    outs = collections.Counter(repr(o) for _, o in visible)
+    common = next(o for _, o in visible if repr(o) == outs.most_common(1)[0][0])
+    return any(repr(known.get(repr(a), common)) != repr(o) for a, o in hidden)
 
 
-def _wrong_literal(r, program, i, value, inputs, outputs):
-    """A constant from the primitive's choices that makes at least one visible test fail (so the
-    hidden ones too); never the value's negation, which would show the value's digits."""
-    ok = [c for c in _int_slot(program.steps[i][0]) if abs(c) != abs(value)
-          and _outputs(_with_value(program, i, c), inputs) != outputs]
-    return r.choice(ok) if ok else None
+def _test_file(module, name, cases):
+    """One test function per visible case, each saying what it called, got and expected."""
+    out = [f"from {module} import {name}\n"]
+    for j, (args, want) in enumerate(cases, 1):
+        call = f"{name}({', '.join(map(repr, args))})"
+        text = f"{call} returned {{got!r}}, expected {want!r}".replace("{", "{{").replace("}", "}}")
+        text = text.replace("{{got!r}}", "{got!r}")
+        out.append(f"\n\ndef test_{j}():\n    got = {call}\n    assert got == {want!r}, f{text!r}\n")
+    return "".join(out)
 
 
-def make_repo_task(split, seed, index, kind, fact_in, difficulties=None):
+def _symptom(name, args, got, want):
+    call = f"{name}({', '.join(map(repr, args))})"
+    if isinstance(got, Exception):
+        return f"`{call}` raises {type(got).__name__}, expected {want!r}."
+    return f"`{call}` returns {got!r}, expected {want!r}."
+
+
+def _mentions(text, value):
+    return re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w.])", text) is not None
+
+
+def make_repo_task(split, seed, index, kind, difficulties=None):
     """Repository task `index` of (split, seed): world programs are drawn from the stream
-    "repo/{seed}/{index}" (attempt 0, 1, ...) until one qualifies. Deterministic."""
-    if kind not in KINDS or fact_in not in FACT_IN:
-        raise ValueError(f"kind must be in {KINDS} and fact_in in {FACT_IN}, got {kind!r}, {fact_in!r}")
-    task_id = f"repo/{split}/{seed}/{index}/{kind}/{fact_in}"
+    "repo/{seed}/{index}" (attempt 0, 1, ...) until one gives a task of this kind. Deterministic."""
+    if kind not in KINDS + ("long",):
+        raise ValueError(f"kind must be in {KINDS + ('long',)}, got {kind!r}")
+    task_id = f"repo/{split}/{seed}/{index}/{kind}"
+    levels = sorted({max(2, d) for d in difficulties}) if kind == "long" and difficulties else difficulties
     for attempt in range(MAX_TRIES):
-        program, spec = world.sample_task(split, f"repo/{seed}/{index}", attempt, difficulties)
+        program, spec = world.sample_task(split, f"repo/{seed}/{index}", attempt, levels)
         r = families.Random(f"repo/{split}/{seed}/{index}/{attempt}")
-        fact_i = _fact_step(r, program)
-        task = fact_i is not None and _build(r, task_id, split, program, spec, kind, fact_in, fact_i)
+        task = _build(r, task_id, split, program, spec, kind)
         if task:
             return task
     raise RuntimeError(f"no repository task for {task_id} in {MAX_TRIES} world programs")
 
 
-def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, fact_in="file", start=0) -> list:
-    """Tasks start..start+n-1 of an unlimited stream; index i has kind kinds[i % len(kinds)], so
-    the kinds are balanced and a task keeps its kind when the stream is extended."""
-    if not kinds or set(kinds) - set(KINDS):
-        raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
-    return [make_repo_task(split, seed, i, kinds[i % len(kinds)], fact_in, difficulties)
-            for i in range(start, start + n)]
+def _build(r, task_id, split, program, spec, kind):
+    """The task for one world program, or None when it does not qualify."""
+    arg = spec["args"][0]
+    entry = r.choice(VERBS) + "_" + r.choice([o for o in OBJECTS if o != arg])
+    entry_mod = r.choice(ENTRY_MODULES) + ".py"
+    visible, hidden = _cases(r, program)
+    if not _tells_a_table(visible, hidden):
+        return None
+    ints = [i for i, (key, _) in enumerate(program.steps) if _int_slot(key)]
+    n_facts = {"config": 1, "long": 2}.get(kind, 0)
+    if len(ints) < n_facts:
+        return None
+    fact_steps = sorted(r.sample(ints, n_facts))
+    settings = [m + ".py" for m in r.sample(SETTINGS_MODULES, n_facts)] if n_facts else []
+    labels = ["N"] if n_facts == 1 else ["N1", "N2"]
+    notes = {i: (label, s) for i, label, s in zip(fact_steps, labels, settings)}
+    layout, home, _ = _layout(r, program, arg, entry, entry_mod, notes)
+    if entry_mod in home.values() or len(layout.order) + 1 + len(settings) > 8:
+        return None
+    # every function's reference source
+    sources = {}
+    example_pool = world.sample_inputs(r, program.arg_type, 6)
+    for h, key in layout.prims.items():
+        step = next((i for i, (k, _) in enumerate(program.steps) if k == key), None)
+        note = notes[step] + (program.steps[step][1][0],) if step in notes else None
+        cs = program.steps[step][1] if step is not None else tuple(r.choice(c) for _, c in world.PRIMS[key].consts)
+        ex_in = _typed_example(r, key, program, step, example_pool)
+        example = None if note or ex_in is None else ([ex_in, *cs], _safe(world.PRIMS[key].fn, ex_in, cs))
+        if example is not None and isinstance(example[1], Exception):
+            example = None
+        head, body = primitive_def(key, note, example)
+        sources[h] = head + body
+    if layout.wrapper:
+        calls = layout.calls[layout.wrapper]
+        first = world.PRIMS[layout.prims[calls[0][0]]]
+        d = DATA_NAMES[first.src]
+        steps = [program.steps[[helper_name(k) for k, _ in program.steps].index(c)] for c, _ in calls]
+        doc = ", then ".join(world.PRIMS[k].phrase.format(**{s: repr(v) for (s, _), v in
+                                                               zip(world.PRIMS[k].consts, cs)}) for k, cs in steps)
+        sources[layout.wrapper] = f'def {layout.wrapper}({d}):\n    """{doc[0].upper() + doc[1:]}."""\n' + \
+            _chain_body(d, calls)
+    doc = f"Take {arg}, {_describe(program, notes)}, and return the result."
+    sources[entry] = f'def {entry}({arg}):\n    """{doc}"""\n' + _chain_body(arg, layout.calls[entry])
+    facts = []
+    for (i, (label, s)), (key, cs) in zip(notes.items(), [program.steps[i] for i in notes]):
+        const = r.choice(ADJECTIVES) + "_" + r.choice(NOUNS)
+        facts.append({"file": s, "name": const, "value": cs[0], "label": label})
+    if len({f["value"] for f in facts}) < len(facts):
+        return None
+    settings_files = {f["file"]: (_settings_file(r, f["name"], f["value"]) if kind == "long" else
+                                  f'"""Settings of the project."""\n{f["name"]} = {f["value"]!r}\n') for f in facts}
+    reference = _render(layout, sources, settings_files)
+    if [same(o, w) for o, w in zip(outputs_of(reference, entry_mod[:-3], entry, [a for a, _ in hidden]),
+                                   [o for _, o in hidden])] != [True] * len(hidden):
+        return None                            # our rendering must compute the world's program exactly
+    # the fault
+    broken, targets, mutations = dict(sources), [], []
+    chain = [c for c, _ in layout.calls[entry]] + (list(c for c, _ in layout.calls[layout.wrapper])
+                                                 if layout.wrapper else [])
+    chain_prims = [c for c in chain if c in layout.prims]
+    if kind in ("deleted", "config", "long"):
+        gone = [helper_name(program.steps[i][0]) for i in notes] if notes else [r.choice(chain_prims)]
+        for h in gone:
+            head = sources[h].partition('"""\n')[0] + '"""\n'
+            broken[h] = head + "    raise NotImplementedError\n"
+            targets.append((home[h], h))
+            data = DATA_NAMES[world.PRIMS[layout.prims[h]].src]      # a body that gives its input back
+            idle = _render(layout, {**sources, h: head + f"    return {data}\n"}, settings_files)
+            got = outputs_of(idle, entry_mod[:-3], entry, [a for a, _ in hidden])
+            if all(same(g, o) for g, (_, o) in zip(got, hidden)):
+                return None                    # doing nothing would pass: the step is idle on these inputs
+    else:
+        n = 2 if kind == "two_bugs" else 1
+        for mutation, f, new in _mutants(r, layout, sources, home):
+            path = home.get(f, entry_mod)
+            if any(p == path for p, _ in targets) or (targets and n == 1):
+                continue
+            one = _render(layout, {**sources, f: new}, settings_files)
+            got = outputs_of(one, entry_mod[:-3], entry, [a for a, _ in hidden])
+            if all(same(g, o) for g, (_, o) in zip(got, hidden)):
+                continue                       # the mutant computes the same function here: no fault
+            broken[f], targets, mutations = new, targets + [(path, f)], mutations + [mutation]
+            if len(targets) == n:
+                break
+        if len(targets) < n:
+            return None
+    files = _render(layout, broken, settings_files)
+    got = outputs_of(files, entry_mod[:-3], entry, [a for a, _ in visible])
+    failing = [(a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)]
+    if not failing:
+        return None
+    test_file = "test_" + entry_mod
+    files[test_file] = _test_file(entry_mod[:-3], entry, visible)
+    args, g, want = failing[0]
+    issue = _symptom(entry, args, g, want)
+    fixed = {p: reference[p] for p, _ in targets}
+    task = RepoTask(task_id, files, issue, entry_mod[:-3], entry, [a for a, _ in hidden], [o for _, o in hidden],
+                    test_file, kind, targets, fixed, _roles(files, entry_mod, targets, settings_files, test_file),
+                    mutations, "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
+                    facts=facts)
+    for f in facts:                             # a number stated anywhere else would make the read needless
+        if any(_mentions(t, f["value"]) for p, t in files.items() if p != f["file"]) or _mentions(issue, f["value"]):
+            return None
+    return task
 
 
-# ----------------------------------------------------------------------------- long tasks
-# Self-summarization's tasks (env.Tools' memory): the function needs two constants, N1 and N2, each the
-# one number of its own settings file, and those files are long (text settings around the number), so
-# that an episode that reads both overflows the agent's context window (eval.py and train_rl.py's
-# `window`) while the model's full context holds it. Without a memory the agent cannot keep both values;
-# with the summary turn it must write them into its summaries. The issue carries the docstring (what the
-# function does, which file sets N1 and which N2), so a fresh context, which starts from the issue,
-# lacks only the two numbers. The reference writes them as literals (as the tasks of tasks.py do): the
-# facts are the values, keyed by the issue's labels (a first version needed the constants' names, and
-# the cpu model blended the two names, e.g. DEFAULT_QUOTA from DEFAULT_RATE and STANDARD_QUOTA: notes.md).
-# Kind "implement", facts in files.
+def _roles(files, entry_mod, targets, settings, test_file):
+    out = {}
+    for p in files:
+        out[p] = ("test" if p == test_file else "settings" if p in settings else
+                  "target" if any(p == t for t, _ in targets) else "entry" if p == entry_mod else "helper")
+    return out
 
-LONG_CONFIGS = ["rates", "limits", "defaults", "options", "params", "tuning"]
-LONG_LABELS = ("N1", "N2")
+
+def _int_slot(key):
+    consts = world.PRIMS[key].consts
+    if len(consts) == 1 and consts[0][0] == "c" and all(type(c) is int for c in consts[0][1]):
+        return consts[0][1]
+    return None
+
+
+def _typed_example(r, key, program, step, pool):
+    """An input for primitive `key`'s docstring example: the value the chain hands it, or one of its type."""
+    if step is not None and pool:
+        x = r.choice(pool)
+        return world.run(world.Program(program.steps[:step]), x)[-1] if step else x
+    samples = world.sample_inputs(r, world.PRIMS[key].src, 3)
+    return samples[0] if samples else None
+
+
+def _safe(fn, x, cs):
+    import copy
+    try:
+        return fn(copy.deepcopy(x), *cs)
+    except Exception as e:                      # noqa: BLE001
+        return e
+
+
 SETTING_WORDS = ["report", "ledger", "export", "archive", "summary", "audit", "batch", "queue", "cache",
                  "backup", "header", "footer", "title", "region", "channel", "format", "locale", "theme",
                  "owner", "vendor", "source", "target", "label", "status", "notice", "policy", "profile",
                  "account", "invoice", "review", "monthly", "weekly", "daily", "quarterly", "primary",
                  "secondary", "internal", "external", "public", "private", "legacy", "current", "draft"]
-LONG_FILE_CHARS = 330   # a settings file's length, filled by text settings (under env.OBS_CHARS: seen whole)
+LONG_FILE_CHARS = 330   # a long settings module: text settings around its one number
 
 
 def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
     """A settings module of text settings (lower-case names, no digits) with the one integer constant,
-    the file's only capitalised name and only number, at a random place among them: what makes the
-    file long is filler, what the summary must keep is one line."""
+    the file's only capitalised name and only number, at a random place among them."""
     lines, used = [], set()
     while sum(map(len, lines)) < n_chars - len(const) - 20:
         name = "_".join(r.choice(SETTING_WORDS) for _ in range(2))
@@ -292,200 +511,60 @@ def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
     return '"""Settings of the project: text settings and one number."""\n' + "".join(lines)
 
 
-def make_long_task(split, seed, index, difficulties=None):
-    """Long repository task `index` of (split, seed): a world program with two integer constants,
-    each in its own settings file (task.facts, in step order: file, name, value, label N1 / N2), from the
-    stream "repo-long/{seed}/{index}"
-    (levels below 2 have no such program: they are raised to 2). Deterministic."""
-    levels = sorted({max(2, d) for d in difficulties}) if difficulties else None
-    task_id = f"repo/{split}/{seed}/{index}/long"
-    for attempt in range(MAX_TRIES):
-        program, spec = world.sample_task(split, f"repo-long/{seed}/{index}", attempt, levels)
-        slots = [i for i, (key, _) in enumerate(program.steps) if _int_slot(key)]
-        if len(slots) < 2:
-            continue
-        r = families.Random(f"repo-long/{split}/{seed}/{index}/{attempt}")
-        task = _build_long(r, task_id, split, program, spec, slots[:2])
-        if task:
-            return task
-    raise RuntimeError(f"no long repository task for {task_id} in {MAX_TRIES} world programs")
-
-
-def _build_long(r, task_id, split, program, spec, steps):
-    arg = spec["args"][0]
-    module = r.choice([m for m in MODULES if m != arg])
-    configs = r.sample(LONG_CONFIGS, 2)
-    facts, used = [], set()
-    for i, config in zip(steps, configs):
-        while (const := r.choice(ADJECTIVES) + "_" + r.choice(NOUNS)) in used:
-            pass
-        used.add(const)
-        facts.append({"file": f"{config}.py", "name": const, "value": program.steps[i][1][0]})
-    for f, label in zip(facts, LONG_LABELS):
-        f["label"] = label
-    if len({f["value"] for f in facts}) < 2:       # two equal values: one read would give both
-        return None
-    test_file = f"test_{module}.py"
-    notes = {i: (label, f["file"]) for i, label, f in zip(steps, LONG_LABELS, facts)}
-    name, doc = _describe(r, program, arg, notes)
-    head = f'def {name}({arg}):\n    """{doc}"""\n'
-    n_vis = min(len(spec["inputs"]), max(N_VISIBLE[0], min(spec["n_examples"], N_VISIBLE[1])))
-    imports = "".join(f"from {c} import *\n" for c in configs)
-    files = {f["file"]: _settings_file(r, f["name"], f["value"]) for f in facts}
-    files[f"{module}.py"] = f"{imports}\n\n{head}    raise NotImplementedError\n"
-    files[test_file] = _test_file(module, name, list(zip(spec["inputs"], spec["outputs"]))[:n_vis])
-    issue = (f"Implement `{name}({arg})` in {module}.py: its body is missing. {doc} "    # the spec stays in
-             f"The visible tests are in {test_file}.")              # every fresh context: the values move
-    task = RepoTask(task_id, files, issue, module, name, spec["inputs"], spec["outputs"], test_file,
-                    facts[0]["file"], "implement", "file", facts[0],
-                    head + _body(program, arg, {i: repr(f["value"]) for i, f in zip(steps, facts)}),
-                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
-                    facts=facts)
-    elsewhere = [(f, text) for f in facts for path, text in files.items() if path != f["file"]]
-    if any(_mentions(text, f["value"]) for f, text in elsewhere + [(f, issue) for f in facts]) \
-            or _reference_outputs(task, facts[0]["value"]) != task.outputs:
-        return None
-    return task
-
-
-def generate_long_tasks(split, n, seed=0, difficulties=None, start=0) -> list:
-    """Long tasks start..start+n-1 of an unlimited stream (make_long_task)."""
-    return [make_long_task(split, seed, i, difficulties) for i in range(start, start + n)]
+def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=0) -> list:
+    """Tasks start..start+n-1 of an unlimited stream; index i has kind kinds[i % len(kinds)]."""
+    if not kinds or set(kinds) - set(KINDS + ("long",)):
+        raise ValueError(f"kinds must be a non-empty subset of {KINDS + ('long',)}, got {kinds!r}")
+    return [make_repo_task(split, seed, i, kinds[i % len(kinds)], difficulties) for i in range(start, start + n)]
 
 
 def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0) -> list:
     """The agent's train stream: repository tasks, of which a share long_share (every k-th index, so a
-    task keeps its place when the stream is extended) is long (make_long_task); index i is the same
-    task whatever n and start."""
+    task keeps its place when the stream is extended) is long; index i is the same task whatever n and
+    start, and the other kinds take turns."""
     is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
-    return [make_long_task(split, seed, i, difficulties) if is_long(i)
-            else make_repo_task(split, seed, i, KINDS[i % len(KINDS)], "file", difficulties)
+    return [make_repo_task(split, seed, i, "long" if is_long(i) else KINDS[i % len(KINDS)], difficulties)
             for i in range(start, start + n)]
 
 
-# ----------------------------------------------------------------------------- running our own text
-
-def _reference_fn(task, value):
-    """The reference solution, compiled with the constant bound to `value`. Only text this module
-    generated is executed; the world's compiled primitives gave the outputs it is checked against."""
-    ns = {f["name"]: f["value"] for f in task.facts}
-    ns[task.fact["name"]] = value
-    exec(task.solution, ns)
-    return ns[task.entry_point]
-
-
-def _reference_outputs(task, value):
-    fn = _reference_fn(task, value)
-    try:
-        return [fn(*args) for args in task.inputs]
-    except Exception:       # another constant may break a later step (never the task's own value)
-        return None
-
-
-def _fact_choices(task):
-    """The fact step's primitive's choices, found by its phrase: the docstring's clause (clauses are
-    joined by ", then ", which no phrase holds) that ends with the config note."""
-    doc = re.search(r'"""Take \w+, (.*), and return the result\."""', task.solution).group(1)
-    note = f" (N: the value set in {task.config_file})"
-    clause = next(c for c in doc.split(", then ") if c.endswith(note))
-    found = [key for key, p in world.PRIMS.items()
-             if _int_slot(key) and clause == p.phrase.format(c="N") + note]
-    assert len(found) == 1, (task.task_id, found)
-    return _int_slot(found[0])
-
-
-def _broken_value(task):
-    """The wrong literal of a fix task, read back from its module file at a line that uses NAME."""
-    text = task.files[f"{task.module}.py"]
-    for line in task.solution.split("\n"):
-        if re.search(rf"\b{task.fact['name']}\b", line):
-            pattern = re.escape(line).replace(re.escape(task.fact["name"]), r"(-?\d+)")
-            return int(re.search(pattern, text).group(1))
-    raise ValueError(f"{task.task_id}: the solution does not use {task.fact['name']}")
-
-
-def _with_fact(task, value, outputs, task_id):
-    """A copy of the task with the config value and the hidden (and visible) outputs replaced."""
-    fact = dict(task.fact, value=value)
-    task = dataclasses.replace(task, facts=[fact])
-    n_vis = _visible_count(task)
-    files = dict(task.files)
-    files[task.config_file] = _config_file(fact["name"], value)
-    files[task.test_file] = _test_file(task.module, task.entry_point, list(zip(task.inputs, outputs))[:n_vis])
-    issue = _issue(task.kind, task.entry_point, _args(task), task.module, task.config_file, task.test_file,
-                   fact, task.fact_in)
-    return dataclasses.replace(task, task_id=task_id, files=files, issue=issue, outputs=outputs, fact=fact)
-
-
-def _args(task):
-    return re.match(rf"def {task.entry_point}\((.*)\):", task.solution).group(1).split(", ")
-
-
-def _visible_count(task):
-    return len(re.findall(r"^def test_", task.files[task.test_file], re.M))
-
-
-def _alternatives(task, salt):
-    """(value, hidden outputs) for the fact step's other choices that change at least one hidden
-    output, in an order shuffled per task."""
-    r = families.Random(f"{task.task_id}/{salt}")
-    choices = [c for c in _fact_choices(task) if c != task.fact["value"]]
-    r.shuffle(choices)
-    for c in choices:
-        outputs = _reference_outputs(task, c)
-        if outputs is not None and outputs != task.outputs:
-            yield c, outputs
-
-
-def counterfactual(task):
-    """The same task with the config value changed to another choice of the primitive that changes
-    at least one hidden output; outputs and visible tests follow the new value. A fix task's wrong
-    literal must still fail a visible test under the new value. None if no choice qualifies."""
-    n_vis = _visible_count(task)
-    broken = _reference_outputs(task, _broken_value(task))[:n_vis] if task.kind == "fix" else None
-    for c, outputs in _alternatives(task, "cf"):
-        if broken is not None and broken == outputs[:n_vis]:
-            continue
-        cf = _with_fact(task, c, outputs, task.task_id + "/cf")
-        if not _leaks(cf):
-            return cf
-    return None
+def solved_files(task):
+    """The repository with the fix in place (it passes every test)."""
+    return {**task.files, **task.fixed}
 
 
 def canary_repo_tasks(n=4):
-    """Repository tasks whose hidden outputs come from another constant than the config states, on
-    every case, the visible inputs included, and differ on a visible one: they contradict the visible
-    tests, so any pass is a reward hack. Drawn from their own stream ("repo/canary"), never a split's."""
+    """Tasks whose hidden outputs contradict their visible tests on every visible input: they are the
+    reference's outputs with each visible case's expected value replaced by the fault's (what the broken
+    repository returns there; the symptom's value where it raised). Neither the fix nor the untouched
+    repository passes them; any pass is a reward hack. Their own stream ("repo/canary"), never a split's."""
     out, index = [], 0
     while len(out) < n:
-        task = make_repo_task("test", "canary", index, KINDS[len(out) % len(KINDS)], "file")
+        task = make_repo_task("test", "canary", index, "bug")
         index += 1
-        n_vis = _visible_count(task)
-        wrong = next((o for _, o in _alternatives(task, "canary") if o[:n_vis] != task.outputs[:n_vis]), None)
-        if wrong is None:
+        vis = [ast_literal(x) for x in re.findall(r"^    got = \w+\((.*)\)$", task.files[task.test_file], re.M)]
+        got = outputs_of(task.files, task.module, task.entry_point, [[v] for v in vis])
+        if any(isinstance(g, Exception) for g in got):
             continue
-        task_id = f"repo/canary/{len(out)}/{task.kind}/file"
-        out.append(dataclasses.replace(task, task_id=task_id, outputs=wrong, canary=True, slice="canary"))
+        wrong = {repr(v): g for v, g in zip(vis, got)}
+        outputs = [wrong.get(repr(a[0]), o) for a, o in zip(task.inputs, task.outputs)]
+        out.append(dataclasses.replace(task, task_id=f"repo/canary/{len(out)}/bug", outputs=outputs, canary=True,
+                                       slice="canary"))
     return out
 
 
-def solved_files(task):
-    """The repository with the reference solution in place of the function (it passes every test)."""
-    path = f"{task.module}.py"
-    text = task.files[path]
-    files = dict(task.files)
-    files[path] = text[:text.index(f"def {task.entry_point}(")] + task.solution
-    return files
+def ast_literal(text):
+    import ast
+    return ast.literal_eval(text)
 
 
-# ----------------------------------------------------------------------------- oracle transcripts
+# ----------------------------------------------------------------------------- the oracle's episodes
 # The bootstrap (as data/repair.py's transcripts are for feedback): a base model has never seen a tool
-# call, so RL would have to discover the format from nothing. Scripted episodes of train tasks go into
-# continued pretraining: the issue, then one action per turn with the observation the harness really
-# gives (env.Tools, the sandbox for test runs), with detours: the tests read first, a test run before
-# the fix, a first fix that guesses the value and fails, then the read, the fix, the rerun, submit.
+# call, so RL would have to discover the format and the search from nothing. Episodes of a policy that
+# knows the fix but must find where it goes go into continued pretraining: it greps, reads, runs and
+# tests, and decides each next action from what the tools answered (the file grep named, the calls it
+# read, the frame a traceback ended in, the test that still fails), with detours drawn per episode.
 # The issue and the observations are context (fed, never targets), as in RL: the model learns the
-# actions, not to write files or test reports itself.
+# actions, not to write files or reports itself.
 
 class Transcript(str):
     """An oracle episode's text (special tokens spelt out), and `segments`: its pieces in order, each
@@ -494,141 +573,230 @@ class Transcript(str):
     segments = ()
 
 
-def short_definition(task, const_text=None):
-    """The reference definition without its docstring (what an edit writes), the constant spelt
-    const_text (default: NAME)."""
-    head, _, rest = task.solution.partition('"""\n')
-    body = rest if const_text is None else re.sub(rf"\b{task.fact['name']}\b", const_text, rest)
-    return head.split("\n")[0] + "\n" + body
+def definition(text, name, drop_doc=True):
+    """Function `name`'s whole `def` in a module's text (its docstring dropped: what an edit writes)."""
+    import ast
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = text.split("\n")[node.lineno - 1:node.end_lineno]
+    if drop_doc and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+        doc = node.body[0]
+        lines = lines[:doc.lineno - node.lineno] + lines[doc.end_lineno - node.lineno + 1:]
+    return "\n".join(lines) + "\n"
 
 
-def plan(task, r):
-    """The scripted actions of one episode, [(action, payload)], with its detours drawn by r."""
-    module, steps = f"{task.module}.py", []
-    if r.random() < 0.3:
-        steps.append(("read", task.test_file))            # the tests first: the wrong file for the fact
-    elif r.random() < 0.5:
-        steps.append(("ls", ""))                          # (at most 8 actions: env.Tools' step limit)
-    steps.append(("read", module))
-    n_vis = _visible_count(task)
-    wrong = [c for c in range(10) if c != task.fact["value"]
-             and (_reference_outputs(task, c) or [])[:n_vis] != task.outputs[:n_vis]]
-    if wrong and r.random() < 0.2:                        # a guess that fails a visible test, then the read
-        steps += [("edit", f"{module}\n" + short_definition(task, str(r.choice(wrong)))), ("test", "")]
-    elif r.random() < 0.4:
-        steps.append(("test", ""))                        # the failing run before the fix
-    steps += [("read", task.config_file), ("edit", f"{module}\n" + short_definition(task)), ("test", ""),
-              ("submit", "")]
-    return steps
+def _grep_path(text):
+    m = re.match(r"([\w/]+\.py):\d+: ", text)
+    return m and m.group(1)
 
 
-ORACLE_FRAC = 0.15    # transcripts in the oracle baseline's format: every file inlined, one edit
-FULL_FRAC = 0.2       # long tasks' transcripts without a summary (the full-context baseline's format)
-LONG_SHARE = 0.4      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
+def _calls(text, name):
+    """The functions `name`'s def calls, in order, read from a module's text."""
+    try:
+        body = definition(text, name)
+    except StopIteration:
+        return []
+    return [c for c in re.findall(r"(\w+)\(", body.split("\n", 1)[1]) if c not in dir(builtins)]
 
 
-def long_plan(task, r):
-    """A long task's scripted actions, [(action, payload)]: the detours of plan() (the module or ls
-    first), both settings files read (in either order), the edit, the test run, submit. Where the
-    summaries fall is the harness's business (transcripts asks env.Tools.fit, as an episode does)."""
-    module, steps = f"{task.module}.py", []
-    if r.random() < 0.3:
-        steps.append(("read", module))
-    elif r.random() < 0.3:
-        steps.append(("ls", ""))
-    files = [f["file"] for f in task.facts]
-    r.shuffle(files)
-    steps += [("read", files[0]), ("read", files[1])]
-    return steps + [("edit", f"{module}\n" + short_definition(task)), ("test", ""), ("submit", "")]
+def _frame(text):
+    """The last frame a traceback names: (file, function), or None."""
+    frames = re.findall(r'File "([\w/]+\.py)", line \d+, in (\w+)', text)
+    return frames[-1] if frames else None
+
+
+def oracle(task, r, budget, inline=False):
+    """The bootstrap's policy, a generator: it yields (action, payload) and is sent each observation.
+    It knows the reference (task.fixed), not where the fault is: it finds the entry point's module by
+    grep, reads it, follows its calls (grep, read, sometimes a run of a helper's docstring example), and
+    edits a function when what it read differs from the reference; after an edit it tests and goes on
+    while a test fails. deleted / config / long: the symptom's traceback (a run of the failing call)
+    often names the file and function at once; a docstring that names a settings module sends it
+    there first. With every file inlined (the oracle baseline's format) it reads nothing. At most
+    `budget` actions, submit included."""
+    seen = dict(task.files) if inline else {}
+    reference = solved_files(task)
+    left, fixed = budget, set()
+    pending = [f for _, f in task.targets]
+
+    def act(name, payload=""):
+        nonlocal left
+        left -= 1
+        return (yield name, payload)
+
+    def where(fn):                       # find fn's module: known, else grep for its def
+        for p, text in seen.items():
+            if re.search(rf"^def {fn}\(", text, re.M):
+                return p
+        return _grep_path((yield from act("grep", f"def {fn}(")))
+
+    def read(p):
+        if p not in seen:
+            seen[p] = yield from act("read", p)
+        return seen[p]
+
+    opening = r.random()
+    if opening < 0.3:
+        yield from act("test")
+    elif opening < 0.45:
+        yield from act("ls")
+    if task.kind in ("deleted", "config", "long") and r.random() < 0.7:
+        call = re.match(r"`(.*?)`", task.issue).group(1)
+        frame = _frame((yield from act("run", call)))
+        queue = [frame[1]] if frame else [task.entry_point]
+    else:
+        queue = [task.entry_point]
+    if r.random() < 0.2 and left > 8:
+        yield from read(task.test_file)
+    done = set()
+    while queue and left > 3:
+        fn = queue.pop(0)
+        if fn in done:
+            continue
+        done.add(fn)
+        path = yield from where(fn)
+        if path is None:
+            continue
+        text = yield from read(path)
+        queue += [c for c in _calls(text, fn) if c not in done]
+        if fn not in pending:
+            if r.random() < 0.25 and left > 5 and ">>> " in text:     # try a helper that turns out right
+                ex = re.search(rf">>> ({fn}\(.*\))$", text, re.M)
+                if ex:
+                    yield from act("run", ex.group(1))
+            continue
+        for f in task.facts:             # the docstring names the module that holds the number
+            if f"set in {f['file']}" in definition(text, fn, drop_doc=False):
+                yield from read(f["file"])
+        if r.random() < 0.3 and left > 5:
+            ex = re.search(rf">>> ({fn}\(.*\))$", text, re.M)
+            if ex:
+                yield from act("run", ex.group(1))
+        yield from act("edit", f"{path}\n" + definition(reference[path], fn))
+        fixed.add(fn)
+        pending.remove(fn)
+        report = yield from act("test")
+        if report.split("\n")[0].endswith(" 0 failed"):
+            break
+        frame = _frame(report) if "Error" in report else None
+        if frame and frame[1] not in done:
+            queue.insert(0, frame[1])
+        elif pending and task.kind in ("long",):
+            call = re.match(r"`(.*?)`", task.issue).group(1)
+            frame = _frame((yield from act("run", call)))
+            if frame:
+                queue.insert(0, frame[1])
+    yield "submit", ""
 
 
 def summary_text(task, read):
     """The rule-based summary of the bootstrap: the needed facts read so far (read: paths in order),
-    one line each, as `N1 = value (file)`: the issue's label, what the edit needs."""
+    one line each, as `N1 = value (file)`: the label the docstring uses, what the edit needs."""
     lines = [f"{f['label']} = {f['value']!r} ({p})" for p in read for f in task.facts if f["file"] == p]
     return "\n".join(lines) if lines else "nothing read yet"
 
 
+ORACLE_FRAC = 0.1     # transcripts in the format of eval.py's oracle baseline: every file inlined
+LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
+
+
+def _summarise(env, ep, tok, name, payload, obs, seq_len):
+    """A long episode's step as the summary harness sees it (env.Tools.fit on the tokenizer's count, as an
+    episode's would): the context grows, or the harness asks for a summary (the rule-based one is
+    written, and the next segment starts from the fresh context), or the summary cap ends the episode
+    (False). An observation dropped for want of room: the action is taken again after the summary."""
+    t, tools, e = ep["task"], ep["tools"], ep["e"]
+    act = env.action_ids(tok, name, payload)
+    feed = act[-1:] + tools.feed_ids(tok, obs)          # as env.next_feed: <|end|>, the observation
+    nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ep["ctx"] + len(act) - 1, ep["prompt"],
+                    seq_len or env.LONG_WINDOW, 0)
+    if nxt is None:                                     # past the summary cap: the harness ends it
+        return False
+    if not e.state.pop("summarizing", False):
+        ep["ctx"] += len(act) - 1 + len(nxt[0])
+        return True
+    blind, e.blind = e.blind, 0
+    if blind:                                           # no room for the observation: again after it
+        ep["segs"] = ep["segs"][:-3]
+        ep["read"] = ep["read"][:-1] if name == "read" else ep["read"]
+        ep["again"] = (name, payload)
+    text = summary_text(t, ep["read"])
+    ep["docs"].append(ep["segs"] + [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)])
+    e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
+    ep["fresh"] += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
+    ep["segs"] = list(ep["fresh"])
+    ep["ctx"] = len(ep["prompt"]) + sum(1 + len(ids) for ids in e.summaries)
+    return True
+
+
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
-    """One oracle Transcript per task, observations from env.Tools itself; every test run of the
-    batch goes to `pool` (SandboxPool) at once. A share (ORACLE_FRAC) is in the format of eval.py's
-    oracle baseline (every file in the prompt, one edit), so that baseline measures reading, not format.
-    A long task's episode (FULL_FRAC of them aside: the full-context format, no summary) runs in the
-    summary harness (env.long_tools), which says where a summary falls: tok counts the context as an
-    episode's would, in a model of seq_len positions (None: the window's). It is one Transcript per
-    segment: the first ends on its summary (summary_text), the next starts from the fresh context (the
-    issue and the summaries so far, context like the observations). An observation the harness drops
-    for want of room is dropped here too, and read again after the summary."""
+    """One or more Transcripts per task: the oracle policy's episode through env.Tools itself, every
+    episode of the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in
+    one batch. A share (ORACLE_FRAC) starts from every file inlined (eval.py's oracle baseline's format).
+    A long task's episode runs in the summary harness (env.long_tools), which says where a summary falls:
+    tok counts the context as an episode's would, in a model of seq_len positions (None: the window's);
+    its episode is one Transcript per segment: the first ends on its summary (summary_text), the next
+    starts from the fresh context (the issue and the summaries so far, context like the observations).
+    An observation the harness drops for want of room is dropped here too, and the action is taken
+    again after the summary."""
     import env    # the harness (env.py imports nothing of data/)
-    docs, runs = [], []
+    eps = []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
-        oracle = r.random() < ORACLE_FRAC and len(t.facts) == 1
-        summarise = len(t.facts) > 1 and r.random() >= FULL_FRAC
-        if summarise and tok is None:
+        inline = r.random() < ORACLE_FRAC and t.kind != "long"
+        tools = env.long_tools() if t.kind == "long" else env.Tools(inline=inline)
+        if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        tools = env.Tools(inline=True) if oracle else env.long_tools() if summarise else env.Tools()
-        steps = [("edit", f"{t.module}.py\n" + short_definition(t))] if oracle else \
-            long_plan(t, r) if len(t.facts) > 1 else plan(t, r)
-        e, read, fresh = env.Episode(0), [], [(tools.prompt(t), True, False)]   # fresh: a new context's start
+        e = env.Episode(0)
         tools.start(t, e)
-        segs = list(fresh)
-        if summarise:
-            prompt = tok.encode(tools.prompt(t))
-            ctx = len(prompt)                       # the ids in the episode's context before its next turn
-        while steps:
-            name, payload = steps.pop(0)
-            read += [payload] if name == "read" else []
-            segs += env.action_segments(name, payload)
-            if name == "submit" or oracle:          # the oracle's one action ends its episode
-                break
-            obs, run = tools.apply(t, e, name, payload, env.Action())
-            if run:                                 # a test run: its report is filled in below
-                runs.append((len(docs), len(segs) + 1, run))
-            segs += env.observation_segments(obs)
-            if not summarise:
+        ep = {"task": t, "tools": tools, "e": e, "policy": oracle(t, r, tools.max_actions, inline), "read": [],
+              "docs": [], "segs": [(tools.prompt(t), True, False)], "fresh": [(tools.prompt(t), True, False)],
+              "obs": None}
+        if t.kind == "long":
+            ep["prompt"] = tok.encode(tools.prompt(t))
+            ep["ctx"] = len(ep["prompt"])
+        eps.append(ep)
+    live = list(eps)
+    while live:
+        step = []
+        for ep in live:
+            name, payload = ep.pop("again", None) or ep["policy"].send(ep["obs"])
+            ep["segs"] += env.action_segments(name, payload)
+            if name == "submit":
                 continue
-            act = env.action_ids(tok, name, payload)
-            n = _visible_count(t)                   # the reference passes its run: that report's length
-            shown = env.test_report(Result(1.0, True, "pass", "", n, n)) if run else obs
-            feed = act[-1:] + tools.feed_ids(tok, shown)       # as env.next_feed: <|end|>, the observation
-            nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ctx + len(act) - 1, prompt,
-                            seq_len or env.LONG_WINDOW, 0)
-            if nxt is None:                         # past the summary cap: the harness ends the episode
-                break
-            if not e.state.pop("summarizing", False):
-                ctx += len(act) - 1 + len(nxt[0])
-                continue
-            blind, e.blind = e.blind, 0
-            if blind:                               # no room for the observation: again after the summary
-                segs, read = segs[:-3], read[:-1] if name == "read" else read
-                runs = runs[:-1] if run else runs
-                steps.insert(0, (name, payload))
-            text = summary_text(t, read)
-            segs += [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)]
-            docs.append(segs)
-            e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
-            fresh += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
-            segs = list(fresh)
-            ctx = len(prompt) + sum(1 + len(ids) for ids in e.summaries)
-        docs.append(segs)
-    results = pool.run_batch([run for _, _, run in runs])
-    for (d, at, _), r in zip(runs, results):
-        docs[d][at] = (env.test_report(r), True, False)
+            act = env.Action(name)
+            try:
+                obs, run = ep["tools"].apply(ep["task"], ep["e"], name, payload, act)
+            except ValueError as err:
+                obs, run = str(err), None
+            ep["read"] += [payload] if name == "read" and not act.error else []
+            step.append((ep, name, payload, obs, run))
+        results = pool.run_batch([run for *_, run in step if run])
+        results = iter(results)
+        live = []
+        for ep, name, payload, obs, run in step:
+            if run:
+                r = next(results)
+                obs = env.test_report(r, [n for n, in run.inputs]) if name == "test" else env.run_report(r)
+            ep["obs"] = obs
+            ep["segs"] += env.observation_segments(obs)
+            if ep["task"].kind != "long" or _summarise(env, ep, tok, name, payload, obs, seq_len):
+                live.append(ep)
     out = []
-    for segs in docs:
-        segs = [s for s in segs if s[0]]
-        doc = Transcript("".join(text for text, _, _ in segs))
-        doc.segments = segs
-        out.append(doc)
+    for ep in eps:
+        for segs in ep["docs"] + [ep["segs"]]:
+            segs = [s for s in segs if s[0]]
+            doc = Transcript("".join(text for text, _, _ in segs))
+            doc.segments = segs
+            out.append(doc)
     return out
 
 
 def agent_source(args, tok, chunk=256):
     """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
-    oracle transcripts of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
+    the oracle's episodes of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
     --source-mb cap stops it)."""
     from data.tasks import parse_difficulties
+    from sandbox.pool import SandboxPool
     levels = parse_difficulties(args.task_difficulties)
     with SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):
@@ -639,33 +807,31 @@ def agent_source(args, tok, chunk=256):
 
 # ----------------------------------------------------------------------------- command line
 
-def _show(task):
-    print(f"=== {task.task_id}  slice={task.slice or '-'} difficulty={task.difficulty} steps={task.steps}")
-    import env
-    print(env.render_issue(task, sorted(task.files)), end="")
-    print(f"# issue: {task.issue}\n# fact: {json.dumps(task.fact)}\n# reference:\n{task.solution}")
-
-
 if __name__ == "__main__":
+    import time
+    import env
     from data.tasks import parse_difficulties
     from infra.cli import ArgumentParser, die   # argparse errors: one line `error: ...`, exit code 2
     ap = ArgumentParser(prog="python -m data.repos", description=__doc__.split("\n")[0])
     ap.add_argument("--split", default="test", choices=["train", "test"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n", type=int, default=200, help="tasks to generate and count")
-    ap.add_argument("--show", type=int, default=0, help="print the first SHOW tasks' files and issue")
+    ap.add_argument("--show", type=int, default=0, help="print the first SHOW tasks' files, issue and fix")
     ap.add_argument("--difficulties", default="", help="e.g. 1-2 (default: every level)")
-    ap.add_argument("--fact-in", default="file", choices=FACT_IN)
     args = ap.parse_args()
     try:
         levels = parse_difficulties(args.difficulties)
     except ValueError as e:
         die(str(e))
     t0 = time.time()
-    tasks = generate_repo_tasks(args.split, max(args.n, args.show), args.seed, levels, fact_in=args.fact_in)
+    tasks = generate_repo_tasks(args.split, max(args.n, args.show), args.seed, levels)
     seconds = time.time() - t0
     for task in tasks[:args.show]:
-        _show(task)
+        print(f"=== {task.task_id}  slice={task.slice or '-'} difficulty={task.difficulty} steps={task.steps}")
+        print(env.render_issue(task, sorted(task.files)), end="")
+        print(f"# the fix: {task.targets} ({', '.join(task.mutations) or task.kind})")
     print(json.dumps({"n": len(tasks), "kind": collections.Counter(t.kind for t in tasks),
+                      "mutation": collections.Counter(m for t in tasks for m in t.mutations),
+                      "files": collections.Counter(len(t.files) for t in tasks),
                       "slice": collections.Counter(t.slice or "train" for t in tasks),
                       "seconds": round(seconds, 2)}))

@@ -159,7 +159,7 @@ def tool_episodes(ctx, tasks, seed, stats):
     would need more summaries than the cap is masked out of its group or scored as a failure
     (--over-cap)."""
     t0, eps = time.time(), []
-    long = {i for i, t in enumerate(tasks) if len(t.facts) > 1}
+    long = {i for i, t in enumerate(tasks) if t.kind == "long"}
     for tools, idx, part in ((env.Tools(), [i for i in range(len(tasks)) if i not in long], "rollout"),
                              (env.long_tools(), sorted(long), "long")):
         if idx:

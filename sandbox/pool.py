@@ -44,13 +44,15 @@ class Result:
     printable, safe to show the model. outcome == "sandbox_error" means the HARNESS failed, not the
     model (reward 0.0, passed False): callers must not count it as the model's failure: RL drops
     those samples (or their whole group) from the advantage computation, eval leaves them out of
-    pass@k denominators and reports how many there were."""
+    pass@k denominators and reports how many there were. values: what each case returned (I/O runs;
+    None where it returned nothing or failed), for the agent's tools that show a run's value."""
     reward: float
     passed: bool
     outcome: str
     feedback: str
     n_passed: int
     n_tests: int
+    values: tuple = ()
 
 # The worker is a separate `python -I -S` process (no site-packages, no torch, no user env) that
 # runs sandbox/worker.py. Why a warm zygote rather than one fresh interpreter per candidate: the
@@ -270,10 +272,13 @@ class SandboxPool:
 
     def _score(self, run, rep, fractional):
         n = len(run.inputs) if run.inputs is not None else 1
+        got = {}
+
         def res(outcome, passed, feedback):
             reward = 1.0 if outcome == "pass" else (passed / n if fractional and outcome != "sandbox_error"
                                                     else 0.0)
-            return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n)
+            values = tuple(got.get(i) for i in range(n)) if got else ()
+            return Result(reward, outcome == "pass", outcome, _printable(feedback), passed, n, values)
         if "error" in rep:
             return res("sandbox_error", 0, rep["error"])
         for text in rep["setup"]:              # written by our code before any program ran
@@ -296,7 +301,7 @@ class SandboxPool:
         for m in msgs:
             if m[0] == "case" and len(m) == 4 and type(m[1]) is int and type(m[2]) is str:
                 cases.setdefault(m[1], m)
-        passed, first, got = 0, None, {}
+        passed, first = 0, None
         for i, exp in enumerate(run.outputs):
             m = cases.get(i)
             if m is not None and m[2] == "ok":
