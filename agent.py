@@ -29,8 +29,11 @@ speculatively). --out-dir (default runs/agent-PRESET) keeps transcript.txt, the 
 and summary.json, the summary with the prompt and every attempt's body.
 """
 import argparse
+import ast
+import dataclasses
 import json
 import os
+import stat
 import sys
 from types import SimpleNamespace
 
@@ -41,7 +44,7 @@ from infra import common
 import sampling
 import speculative
 import env
-from sandbox.pool import SandboxPool
+from sandbox.pool import Run, SandboxPool
 from data.tasks import Task, generate_tasks, parse_difficulties
 
 PRESETS = {
@@ -78,7 +81,8 @@ MAX_FILES = 50     # a small project (and files of at most env.MAX_FILE_CHARS): 
 
 def read_project(root):
     """({relative path: text} of the project's .py files, its test file), or a one-line error
-    (ValueError). Links, hidden files and directories and __pycache__ are skipped; a file that is not
+    (ValueError). Links, hidden files and directories and __pycache__ are skipped, and so is anything
+    that is not a regular file (a FIFO named x.py would block the read forever); a file that is not
     UTF-8 is refused; line ends are kept as they are (newline="")."""
     if not os.path.isdir(root):
         raise ValueError(f"--repo: no directory {root!r}")
@@ -88,7 +92,7 @@ def read_project(root):
                          and not os.path.islink(os.path.join(here, d)))
         for name in sorted(names):
             path = os.path.join(here, name)
-            if name.endswith(".py") and not name.startswith(".") and not os.path.islink(path):
+            if name.endswith(".py") and not name.startswith(".") and stat.S_ISREG(os.lstat(path).st_mode):
                 rel = os.path.relpath(path, root).replace(os.sep, "/")
                 try:
                     with open(path, encoding="utf-8", newline="") as f:
@@ -130,6 +134,53 @@ def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
           f"{'PASS' if verdict.passed else 'FAIL'} ({env.test_report(verdict).splitlines()[0]})", file=out)
 
 
+def strict_cases(test_text):
+    """The test file's checks as cases a judge outside the candidate's process compares on plain data:
+    [(module, function, args, expected)], when every top-level test_* function is `assert f(...) == X`
+    or `got = f(...)` then `assert got == X` (a message allowed), f imported by name from a module of
+    the project and every argument and X a literal; else None (the tests then run in the candidate's
+    process, where an object whose __eq__ is always true passes: that verdict cannot be trusted)."""
+    try:
+        tree = ast.parse(test_text)
+    except (SyntaxError, ValueError):
+        return None
+    names = {a.asname or a.name: (n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom)
+             and n.level == 0 for a in n.names}
+    cases = []
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")):
+        body, call = fn.body, None
+        if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Assert) and \
+                isinstance(body[1].test, ast.Compare) and isinstance(body[1].test.left, ast.Name) and \
+                [t.id for t in body[0].targets if isinstance(t, ast.Name)] == [body[1].test.left.id]:
+            call, test = body[0].value, body[1].test
+        elif len(body) == 1 and isinstance(body[0], ast.Assert) and isinstance(body[0].test, ast.Compare):
+            call, test = body[0].test.left, body[0].test
+        if call is None or not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or \
+                call.func.id not in names or call.keywords or [type(o) for o in test.ops] != [ast.Eq]:
+            return None
+        try:
+            args, want = [ast.literal_eval(a) for a in call.args], ast.literal_eval(test.comparators[0])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        cases.append((*names[call.func.id], args, want))
+    return cases or None
+
+
+def project_verdict(pool, task, repo):
+    """(passed, trusted): the project's own tests, as they were, on the final copy: compared here on
+    plain data where the test file allows it (strict_cases), else run in the candidate's process."""
+    cases = strict_cases(task.files[task.test_file])
+    if cases is None:
+        return pool.run_batch([env.hidden_run(task, repo)])[0].passed, False
+    files = {p: t for p, t in repo.items() if p != task.test_file}
+    by_fn = {}
+    for module, name, args, want in cases:
+        by_fn.setdefault((module, name), []).append((args, want))
+    runs = [Run(f"user/{m}.{f}", env.repo_program(files, f"from {m} import {f} as _judged"), "_judged",
+                [a for a, _ in cs], [w for _, w in cs]) for (m, f), cs in by_fn.items()]
+    return all(r.passed for r in pool.run_batch(runs)), True
+
+
 def run_repo(args, model, tok, gen):
     """--repo: one agent episode on a copy of the project, printed; its final copy kept, or applied."""
     try:
@@ -145,8 +196,10 @@ def run_repo(args, model, tok, gen):
     tools = env.Tools(max_actions=env.LONG_ACTIONS, memory="summary", window=model.config.seq_len)
     with SandboxPool(workers=1) as pool:
         ep = env.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
-                                 generator=gen)[0]
-    verdict = ep.result
+                              generator=gen)[0]
+        passed, trusted = project_verdict(pool, task, ep.repo)
+    verdict = ep.result if passed == ep.result.passed else \
+        dataclasses.replace(ep.result, passed=passed, outcome="pass" if passed else "wrong_answer")
     show_tools(tok, task, tools, ep, verdict)
     changed = sorted(p for p in files if ep.repo[p] != files[p])
     for p in changed:
@@ -159,7 +212,10 @@ def run_repo(args, model, tok, gen):
                 f.write(ep.repo[p])
     with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
         show_tools(tok, task, tools, ep, verdict, out=f)
-    common.print_summary({"repo": args.repo, "passed": verdict.passed, "turns": len(ep.turns),
+    if not trusted:
+        print("note: the verdict ran your tests in the candidate's process (they are not all `assert f(...) == "
+              "literal`): code whose result overrides == could pass; it cannot be trusted", file=sys.stderr)
+    common.print_summary({"repo": args.repo, "passed": passed, "verdict_trusted": trusted, "turns": len(ep.turns),
                           "end": ep.end, "actions": [a.name for a in ep.actions],
                           "changed": changed, "applied": bool(args.apply and changed),
                           "out_dir": args.out_dir,

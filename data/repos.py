@@ -577,14 +577,20 @@ class Transcript(str):
 
 
 def definition(text, name, drop_doc=True):
-    """Function `name`'s whole `def` in a module's text (its docstring dropped: what an edit writes)."""
-    import ast
-    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
-    lines = text.split("\n")[node.lineno - 1:node.end_lineno]
-    if drop_doc and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
-        doc = node.body[0]
-        lines = lines[:doc.lineno - node.lineno] + lines[doc.end_lineno - node.lineno + 1:]
-    return "\n".join(lines) + "\n"
+    """Function `name`'s whole `def` in a module's text, read line by line (an observation may be cut
+    in the middle: no parse), its docstring dropped (what an edit writes); StopIteration if absent."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = start + 1
+    while end < len(lines) and (not lines[end] or lines[end][0] in " \t"):
+        end += 1
+    block = lines[start:end]
+    if drop_doc and len(block) > 1 and block[1].strip().startswith('"""'):
+        one = block[1].strip()
+        close = 1 if len(one) > 3 and one.endswith('"""') else \
+            next((k for k in range(2, len(block)) if block[k].strip().endswith('"""')), len(block) - 1)
+        block = block[:1] + block[close + 1:]
+    return "\n".join(block).rstrip("\n") + "\n"
 
 
 def _grep_path(text):
@@ -673,7 +679,7 @@ def oracle(task, r, budget, inline=False):
         f = wrong[0]
         done.add(f)
         for fact in task.facts:          # the docstring names the module that holds the number
-            if f"set in {fact['file']}" in definition(text, f, drop_doc=False):
+            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False):
                 yield from read(fact["file"])
         if r.random() < 0.3 and left > 5:
             ex = re.search(rf">>> ({f}\(.*\))$", text, re.M)
