@@ -55,9 +55,6 @@ PRESETS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Episodes: THE one place that runs the multi-turn loop
-
-# ---------------------------------------------------------------------------------------------
 # The command: one episode, printed turn by turn
 
 def user_task(text):
@@ -213,9 +210,11 @@ def run_repo(args, model, tok, gen):
     with open(os.path.join(args.out_dir, "transcript.txt"), "w") as f:
         show_tools(tok, task, tools, ep, verdict, out=f)
     if not trusted:
-        print("note: the verdict ran your tests in the candidate's process (they are not all `assert f(...) == "
-              "literal`): code whose result overrides == could pass; it cannot be trusted", file=sys.stderr)
-    common.print_summary({"repo": args.repo, "passed": passed, "verdict_trusted": trusted, "turns": len(ep.turns),
+        print("note: the verdict ran your tests in the candidate's process (they are not all "
+              "`assert f(...) == literal`): code whose result overrides == could pass; it cannot be trusted",
+              file=sys.stderr)
+    common.print_summary({"repo": args.repo, "passed": passed, "verdict_trusted": trusted,
+                          "turns": len(ep.turns),
                           "end": ep.end, "actions": [a.name for a in ep.actions],
                           "changed": changed, "applied": bool(args.apply and changed),
                           "out_dir": args.out_dir,

@@ -221,7 +221,7 @@ class Feedback:
 # a copy of it made for that run (repo_program). The judge runs the task's hidden tests, which only
 # it holds, on the agent's modules; the visible test file is left out, so editing it changes nothing.
 
-ACTIONS = ("ls", "read", "grep", "run", "edit", "test", "submit")   # each opened by <|name|>, closed by <|end|>
+ACTIONS = ("ls", "read", "grep", "run", "edit", "test", "submit")   # each <|name|> payload <|end|>
 OBS_CHARS = 1500          # an observation's cap: its head and tail are kept (a file, a test run's output)
 MAX_FILE_CHARS = 20_000   # an edit that would make a file longer is refused
 GREP_LINES = 20           # grep's matches shown
@@ -262,9 +262,9 @@ def replace_function(source, definition, path="the file"):
     """`source` with its top-level function of the same name as `definition` (one whole `def`)
     replaced by it; ValueError with a one-line message if the definition is too long, is not one
     function, names none of the file's, or the result does not parse (the size is checked before any
-    parsing: megabytes of statements would cost gigabytes of syntax tree). Line ends become "\n" (ast's line numbers count
-    only \n, \r\n and \r: str.splitlines would also split at a form feed or U+2028 and splice the
-    wrong lines)."""
+    parsing: megabytes of statements would cost gigabytes of syntax tree). Line ends become "\n"
+    (ast's line numbers count only \n, \r\n and \r: str.splitlines would also split at a form feed or
+    U+2028 and splice the wrong lines)."""
     if len(definition) > MAX_FILE_CHARS:
         raise ValueError(f"error: the definition is longer than {MAX_FILE_CHARS} characters")
     definition = textwrap.dedent(definition.replace("\r\n", "\n").replace("\r", "\n")).strip("\n") + "\n"
@@ -365,7 +365,8 @@ def run_test(name):
     try:
         getattr(_tests, name)()
     except BaseException as e:
-        return (str(e) if isinstance(e, AssertionError) and str(e) else type(e).__name__ + ": " + str(e))[:300]
+        why = str(e) if isinstance(e, AssertionError) and str(e) else type(e).__name__ + ": " + str(e)
+        return why[:300]
 """
 
 # `run EXPR`: the expression's value over the repository's modules (every public name of every top-level
@@ -385,7 +386,8 @@ def run_expr(expr):
             code = tb.tb_frame.f_code
             frames.append('  File "%%s", line %%d, in %%s' %% (code.co_filename, tb.tb_lineno, code.co_name))
             tb = tb.tb_next
-        return "\\n".join(["Traceback (most recent call last):"] + frames[-3:] + [type(e).__name__ + ": " + str(e)[:200]])
+        why = type(e).__name__ + ": " + str(e)[:200]
+        return "\\n".join(["Traceback (most recent call last):"] + frames[-3:] + [why])
 """ % RUN_CHARS
 
 
@@ -713,7 +715,8 @@ def fixed_plan_prompts(tok, tasks, pool):
     reports = pool.run_batch([visible_run(t, t.files) for t in tasks])
     out = []
     for t, r in zip(tasks, reports):
-        said = {"test": test_report(r, [n for n, in visible_run(t, t.files).inputs]), "ls": "\n".join(sorted(t.files))}
+        names = [n for n, in visible_run(t, t.files).inputs]
+        said = {"test": test_report(r, names), "ls": "\n".join(sorted(t.files))}
         ids = tok.encode(render_issue(t))
         for name in FixedPlan.OPENING:
             ids += action_ids(tok, name, "") + Tools().feed_ids(tok, said[name])

@@ -597,7 +597,8 @@ def evaluate_agent_checkpoints(args):
             figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
     test = suites["agent"][0]
     for label in labels[1:]:
-        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located", "summary")]:
+        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located",
+                                                "summary")]:
             tasks = suites[name][0]
             for sl, (gain, se) in paired_gain(tasks, records[labels[0]][name], records[label][name]).items():
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain

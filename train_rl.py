@@ -15,8 +15,8 @@ sandboxed unit-test tasks, in the very harness eval.py measures with (env.run_ep
     --repair-groups (single-turn groups + repairs of a failure)
 
 One step is rl_step(ctx, step), in this order:
-  sample     ctx.rollout, the rollout function setup chose (rl/rollouts.py single_turn, episodes or
-             repair_groups): G completions for each of the train stream's next tasks
+  sample     ctx.rollout, the rollout function setup chose (rl/rollouts.py single_turn, episodes,
+             repair_groups or tool_episodes): G rollouts for each of the train stream's next tasks
              (rollouts.draw_tasks; never revisited: one epoch), scored in SandboxPool
   reward     rollouts.rewards: correctness, minus the length cost and the k1 KL when they are on
   advantage  rl/algo.py group_advantages: reward - group mean (Dr. GRPO); groups whose correctness
@@ -292,7 +292,7 @@ def sample_round(ctx, need, seed, stats):
     tasks, their rewards, and the groups worth training on with each sample's advantage."""
     args = ctx.args
     tasks = rollouts.draw_tasks(ctx, need, stats)           # the train stream's next tasks
-    # sample: G rollouts per task (ctx.rollout: single_turn, episodes or repair_groups) and their
+    # sample: G rollouts per task (ctx.rollout: single_turn, episodes, repair_groups or tool_episodes) and
     # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
     samples, results = ctx.rollout(ctx, tasks, seed, stats)
     scored = [(s, r) for s, r in zip(samples, results)

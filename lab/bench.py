@@ -720,10 +720,14 @@ from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `
 from sandbox.pool import SandboxPool  # noqa: E402
 
 if __name__ == "__main__":
-    parser = ArgumentParser(prog="lab/bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", choices=[[]] + list(PARTS), metavar="PART",
+    parser = ArgumentParser(prog="python -m lab.bench", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"which benchmarks to run (default: all; rl and compiled only without --quick): "
-                             f"{', '.join(PARTS)}; the GPU check is its own command: lab/gpu_check.py --help")
+                             f"{', '.join(PARTS)}; the GPU check is its own command: python -m lab.gpu_check")
+    parser.add_argument("--preset", choices=["smoke", "cpu", "gpu"], default=None,
+                        help="smoke: --quick; cpu: on the CPU; gpu: on CUDA (default: --device, --quick as given)")
+    parser.add_argument("--out-dir", default=None, help="also write the JSON line to OUT_DIR/bench.json")
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
                         "compiled: about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -732,6 +736,10 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "
                         f"{', '.join(CPU_PARTS)} run on the CPU whatever it says")
     args = parser.parse_args()
+    if set(args.parts) - set(PARTS):
+        parser.error(f"unknown part {sorted(set(args.parts) - set(PARTS))[0]!r} (choose from {', '.join(PARTS)})")
+    args.quick = args.quick or args.preset == "smoke"
+    args.device = {"cpu": "cpu", "gpu": "cuda"}.get(args.preset, args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     from infra import common
@@ -750,5 +758,10 @@ if __name__ == "__main__":
         results[f"{name}_bench_s"] = time.time() - t0
     results["bench_s"] = time.time() - t_start
     # 4 decimals, or 4 significant digits for the small ones (a max abs difference of 3e-7 is not 0)
-    print(json.dumps({k: (float(f"{v:.4g}") if abs(v) < 1e-3 else round(v, 4)) if isinstance(v, float) else v
-                      for k, v in results.items()}))
+    line = json.dumps({k: (float(f"{v:.4g}") if abs(v) < 1e-3 else round(v, 4)) if isinstance(v, float) else v
+                       for k, v in results.items()})
+    if args.out_dir:
+        os.makedirs(args.out_dir, exist_ok=True)
+        with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
+            f.write(line + "\n")
+    print(line)

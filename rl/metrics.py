@@ -49,7 +49,8 @@ def new_stats(args):
                              --agent's long tasks: the summaries, their cap, the facts they keep
     Set once (ONCE): lr, trained_seqs, grad_norm, len_max (the max over ranks), moe (the router's
     figures, model.moe_metrics)."""
-    keys = [f"outcome/{o}" for o in OUTCOMES + ("over_cap", "step_limit")] + [f"hack/{k}" for k in env.HACK_PATTERNS]
+    keys = [f"outcome/{o}" for o in OUTCOMES + ("over_cap", "step_limit")]
+    keys += [f"hack/{k}" for k in env.HACK_PATTERNS]
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",

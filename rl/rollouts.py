@@ -8,7 +8,7 @@ The sampling half of an RL step: what train_rl.sample_round calls in each sampli
     rollouts.tally_samples(tasks, samples, results, scored, keep, stats)
     groups = rollouts.signal_groups(scored, adv, keep)              # the groups to train on
 
-ctx.rollout is one of the three rollout functions below, chosen once by train_rl.setup. Each takes
+ctx.rollout is one of the four rollout functions below, chosen once by train_rl.setup. Each takes
 (ctx, tasks, seed, stats) and returns (samples, results): the samples to train on, each
 labelled with its "group", and the sandbox verdicts that reward them; seed (a Seed) names the
 random stream (rng).

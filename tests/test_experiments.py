@@ -48,11 +48,13 @@ def test_cpt_budget_finding1(tmp_path):
     assert losses[0] > losses[-1]     # the budgets really differ: more continued pretraining, lower loss
 
 
-@pytest.mark.parametrize("name,runs", [("router_replay", {"replay_s0", "noreplay_s0", "replay_s1", "noreplay_s1"}),
-                                       ("grpo_variants", {"drgrpo_s0", "grpo_s0", "drgrpo_s1", "grpo_s1"})])
-def test_rl_ablation_over_seeds(name, runs, dense_vs_moe, tmp_path):
+@pytest.mark.parametrize("name,runs,extra", [
+    ("router_replay", {"replay_s0", "noreplay_s0", "replay_s1", "noreplay_s1"}, {}),
+    ("ablations", {"recipe_s0", "grpo_s0", "kl_s0", "recipe_s1", "grpo_s1", "kl_s1", "balance_aux_s0"},
+     {"VARIANTS": "recipe grpo kl", "BALANCE": "aux"})])
+def test_rl_ablation_over_seeds(name, runs, extra, dense_vs_moe, tmp_path):
     ckpt = json.loads((dense_vs_moe[0] / "pretrain_moe_s0.json").read_text())["ckpt"]
-    table = run_experiment(name, tmp_path, CKPT=ckpt)
+    table = run_experiment(name, tmp_path, CKPT=ckpt, **extra)
     rows = [line.split("|")[1].strip() for line in table.splitlines()[4:] if line.startswith("| ")]
     assert runs <= set(rows)
     assert any("(mean of 2)" in r for r in rows)      # seed noise is shown next to the effect
