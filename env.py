@@ -515,9 +515,25 @@ def summary_ids(tok, tokens, e):
     return body[:bad] + [end]
 
 
+MEMORIES = ("summary", "mask", "window", "oracle")   # oracle: eval's ceiling, the summary the task needs
+MASKED = "(dropped)"      # mask's placeholder for an old observation
+
+
+def summary_text(task, read, edited=()):
+    """The summary a long task needs, written by the harness (memory "oracle") and by the bootstrap: the
+    needed facts read so far (read: paths in order), `N1 = value (file)`, then each function to fix
+    whose module was read, `fix f in path` or, once edited, `fixed f in path`: a fresh context knows
+    the numbers and where to go, and reads the code again."""
+    facts = [f"{f['label']} = {f['value']!r} ({p})" for p in dict.fromkeys(read) for f in task.facts
+             if f["file"] == p]
+    todo = [f"{'fixed' if f in edited else 'fix'} {f} in {p}" for p, f in task.targets if p in read]
+    return "\n".join(facts + todo) if facts or todo else "nothing read yet"
+
+
 def long_tools(memory="summary"):
-    """The harness of long tasks: memory "summary" (the agent, RL's and eval's), "window" (eval's
-    sliding window) in LONG_WINDOW tokens, or None (the full-context oracle: the model's whole context)."""
+    """The harness of long tasks: a memory of MEMORIES in LONG_WINDOW tokens (the agent's is the one it
+    was trained with: train_rl.py --memory), or None (the whole context of the model: what a
+    full-context episode would need, eval.py's long/full_tokens_p50)."""
     return Tools(max_actions=LONG_ACTIONS, memory=memory, window=LONG_WINDOW if memory else None)
 
 
@@ -557,12 +573,12 @@ class Tools:
 
     def __init__(self, actions=ACTIONS, max_actions=12, max_errors=2, inline=False, memory=None, window=None,
                  max_summaries=3):
-        if memory not in (None, "summary", "window") or (memory and not window):
-            raise ValueError(f"memory must be None, 'summary' or 'window' (with a window), got {memory!r}")
+        if memory not in (None,) + MEMORIES or (memory and not window):
+            raise ValueError(f"memory must be None or one of {MEMORIES} (with a window), got {memory!r}")
         self.actions, self.max_actions, self.max_errors = actions, max_actions, max_errors
         self.inline = inline
         self.memory, self.window = memory, window
-        self.max_summaries = max_summaries if memory == "summary" else 0
+        self.max_summaries = max_summaries if memory in ("summary", "oracle") else 0
         self.max_turns = max_actions + self.max_summaries          # a summary turn is not an action
 
     def prompt(self, task):
@@ -570,7 +586,8 @@ class Tools:
 
     def start(self, task, e):
         e.repo, e.end = dict(task.files), "step_limit"
-        e.state["stream"] = []      # the sliding window's pieces: every id after the prompt, turn by turn
+        e.state["stream"] = []      # each turn's (action, observation) ids, as fed: what mask and window keep
+        e.state["rebuilds"] = 0
 
     def feed_ids(self, tok, text):
         return [tok.tool_ids["<|obs|>"]] + tok.encode(text) + [tok.tool_ids["<|/obs|>"]]
@@ -579,27 +596,31 @@ class Tools:
         """What the episode's next turn feeds after turn x: (ids, fresh: they start a new context, no
         past; the most tokens that turn may keep, None: max_new_tokens), or None when it ends (e.end
         says why). feed: the observation's ids (env.next_feed); used: the ids in the row's context
-        now; prompt: the task's prompt ids."""
+        now; prompt: the task's prompt ids. Past the threshold (summary_at), by memory: the summary
+        turn; "oracle", the harness writes the summary the task needs; "mask" and "window" rebuild the
+        context (rebuild) within the same budget, the window less the next turn's generation."""
         if not self.memory:
             return keep_context(e, feed, used, seq_len - max_new_tokens)
-        if self.memory == "window":
-            e.state["stream"].append(x.tokens[:-1] + feed)           # every id after the prompt, in order
+        summary = lambda: prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s]
         if x.summary:                 # a fresh context: the issue and every summary, as the model wrote them
-            return prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s], True, None
+            return summary(), True, None
+        k = 0 if x.stopped else 1
+        e.state["stream"].append((x.tokens[:-1] + feed[:k], feed[k:]))   # the action and its observation
         window = min(self.window, seq_len)
         at = summary_at(task, window)
         if used + len(feed) <= at:
             return feed, False, None
-        if self.memory == "window":   # the latest turns that fit under the threshold, after the prompt
-            kept, n = [], len(prompt)
-            for piece in reversed(e.state["stream"]):
-                if n + len(piece) > at:
-                    break
-                kept, n = piece + kept, n + len(piece)
-            return prompt + kept, True, None
+        if self.memory in ("mask", "window"):
+            e.state["rebuilds"] += 1
+            return self.rebuild(tok, e, prompt, window - max_new_tokens), True, None
         if len(e.summaries) >= self.max_summaries:
             e.end = "summary_cap"
             return None
+        if self.memory == "oracle":   # the facts read so far, as the bootstrap's summaries state them
+            read = [a.path for a in e.actions if a.name == "read" and not a.error]
+            edited = [a.function for a in e.actions if a.name == "edit" and not a.error]
+            e.summaries.append(tok.encode(summary_text(task, read, edited)) + [tok.tool_ids["<|end|>"]])
+            return summary(), True, None
         # the request after the observation; where that would leave the summary fewer than SUMMARY_MIN
         # tokens of the window, after the action alone (the observation is dropped)
         if used + len(feed) + 1 + SUMMARY_MIN > window:
@@ -607,6 +628,24 @@ class Tools:
         e.state["summarizing"] = True
         limit = max(1, min(SUMMARY_TOKENS, window - used - len(feed) - 1))
         return feed + [tok.tool_ids["<|summary|>"]], False, limit
+
+    def rebuild(self, tok, e, prompt, budget):
+        """mask's and window's fresh context: the issue, then the latest turns that fit in `budget`
+        tokens, oldest dropped first. window: each turn whole (the agent's action and what it was
+        answered); mask: every action whole, each observation but the last replaced by MASKED (JetBrains'
+        observation masking, arXiv 2508.21433). e.state["context"]: which turns it holds, and masked."""
+        pieces, dropped = e.state["stream"], self.feed_ids(tok, MASKED)
+        kept, held, n = [], [], len(prompt)
+        for i in range(len(pieces) - 1, -1, -1):
+            action, obs = pieces[i]
+            masked = self.memory == "mask" and i < len(pieces) - 1
+            piece = action + (dropped if masked else obs)
+            if n + len(piece) > budget:
+                break
+            kept, n = piece + kept, n + len(piece)
+            held.insert(0, (i, masked))
+        e.state["context"] = held
+        return prompt + kept
 
     def step(self, tok, pool, items, more):
         """items: (task, episode, sample) of the turn's live rows. Each action is applied to its own
@@ -675,11 +714,13 @@ class Tools:
 
     def finish(self, pool, items):
         """The judge's verdict on each episode's final repository: its result. An episode that ran out of
-        actions without submitting fails (outcome "step_limit"), whatever its repository holds."""
+        actions, or of summaries, without submitting fails (outcome "step_limit", "over_cap"), whatever
+        its repository holds (a masked episode instead lost: docs/notes.md)."""
         results = pool.run_batch([hidden_run(t, e.repo) for t, e in items])
+        unfinished = {"step_limit": "step_limit", "summary_cap": "over_cap"}
         for (_, e), r in zip(items, results):
-            e.result = r if e.end != "step_limit" or r.outcome == "sandbox_error" else \
-                dataclasses.replace(r, reward=0.0, passed=False, outcome="step_limit")
+            e.result = r if e.end not in unfinished or r.outcome == "sandbox_error" else \
+                dataclasses.replace(r, reward=0.0, passed=False, outcome=unfinished[e.end])
 
 
 class FixedPlan(Tools):
@@ -774,9 +815,8 @@ class Episode:
     (why it ended: submit, step_limit, format_errors, context, summary_cap), summaries (the ids of each
     summary as the next context holds them), blind (summaries requested without their observation)
     and first_edit (the repository after its first edit, eval.py's first_edit_pass); state is the tool
-    set's scratch between turns. RL (rl/rollouts.py) labels group (the group it is ranked in) and
-    masked (left out of its group: --over-cap mask); --repair-groups marks repair and repeat (it
-    resubmits its root's code)."""
+    set's scratch between turns. RL (rl/rollouts.py) labels group (the group it is ranked in);
+    --repair-groups marks repair and repeat (it resubmits its root's code)."""
     task_idx: int
     turns: list = dataclasses.field(default_factory=list)
     result: Result | None = None
@@ -790,7 +830,6 @@ class Episode:
     first_edit: dict | None = None
     state: dict = dataclasses.field(default_factory=dict)
     group: int = -1
-    masked: bool = False
     repair: bool = False
     repeat: bool = False
 

@@ -130,9 +130,9 @@ g.add_argument("--agent", action="store_true",
                     "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only; "
                     "an in-run eval of N tasks runs N x eval_n episodes (run.sh passes --eval-tasks 0 and "
                     "measures with eval.py --agent)")
-g.add_argument("--over-cap", choices=["fail", "mask"], default="fail",
-               help="--agent's long tasks: an episode that would need more summaries than the cap is scored "
-                    "as a failure (reward 0), or masked (left out of its group and the loss)")
+g.add_argument("--memory", choices=["summary", "mask", "window"], default="summary",
+               help="--agent's long tasks, past the context threshold: the model writes a summary and goes "
+                    "on from it; old observations masked; or a sliding window (env.Tools.rebuild)")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",
@@ -296,7 +296,7 @@ def sample_round(ctx, need, seed, stats):
     # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
     samples, results = ctx.rollout(ctx, tasks, seed, stats)
     scored = [(s, r) for s, r in zip(samples, results)
-              if r.outcome != "sandbox_error" and not s.masked]     # masked: --over-cap mask
+              if r.outcome != "sandbox_error"]
     # reward: correctness, minus the length cost and the k1 KL when they are on
     correct, reward = rollouts.rewards(ctx, scored, stats)
     # advantage: reward - group mean (Dr. GRPO), over the groups the rollout function labelled. A group

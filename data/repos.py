@@ -494,7 +494,7 @@ SETTING_WORDS = ["report", "ledger", "export", "archive", "summary", "audit", "b
                  "owner", "vendor", "source", "target", "label", "status", "notice", "policy", "profile",
                  "account", "invoice", "review", "monthly", "weekly", "daily", "quarterly", "primary",
                  "secondary", "internal", "external", "public", "private", "legacy", "current", "draft"]
-LONG_FILE_CHARS = 330   # a long settings module: text settings around its one number
+LONG_FILE_CHARS = 640   # a long settings module: text settings around its one number
 
 
 def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
@@ -613,7 +613,7 @@ def _frame(text):
     return frames[-1] if frames else None
 
 
-def oracle(task, r, budget, inline=False):
+def oracle(task, r, budget, inline=False, mem=None):
     """The bootstrap's policy, a generator: it yields (action, payload) and is sent each observation.
     It knows the reference (task.fixed), not where the fault is: it finds the entry point's module by
     grep, reads it, follows its calls (grep, read, sometimes a run of a helper's docstring example), and
@@ -621,8 +621,13 @@ def oracle(task, r, budget, inline=False):
     while a test fails. deleted / config / long: the symptom's traceback (a run of the failing call)
     often names the file and function at once; a docstring that names a settings module sends it
     there first. With every file inlined (the oracle baseline's format) it reads nothing. At most
-    `budget` actions, submit included."""
-    seen = dict(task.files) if inline else {}
+    `budget` actions, submit included. mem: what its context still holds, kept by the driver (a long
+    task's memory forgets): "seen", the files it can read there, "known", the settings modules whose
+    numbers a summary keeps, "places", where a summary says the functions to fix are; a file it needs
+    and no longer sees is read again."""
+    mem = mem if mem is not None else {"seen": {}, "known": set(), "places": {}}
+    seen = mem["seen"]
+    seen.update(task.files if inline else {})
     reference = solved_files(task)
     left, fixed = budget, set()
     pending = [f for _, f in task.targets]
@@ -633,15 +638,15 @@ def oracle(task, r, budget, inline=False):
         return (yield name, payload)
 
     def where(fn):                       # find fn's module: known, else grep for its def
-        for p, text in seen.items():
+        for p, text in mem["seen"].items():
             if re.search(rf"^def {fn}\(", text, re.M):
                 return p
-        return _grep_path((yield from act("grep", f"def {fn}(")))
+        return mem["places"].get(fn) or _grep_path((yield from act("grep", f"def {fn}(")))
 
     def read(p):
-        if p not in seen:
-            seen[p] = yield from act("read", p)
-        return seen[p]
+        if p not in mem["seen"]:
+            mem["seen"][p] = yield from act("read", p)
+        return mem["seen"][p]
 
     opening = r.random()
     if opening < 0.3:
@@ -679,8 +684,10 @@ def oracle(task, r, budget, inline=False):
         f = wrong[0]
         done.add(f)
         for fact in task.facts:          # the docstring names the module that holds the number
-            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False):
+            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False) and \
+                    fact["file"] not in mem["known"]:
                 yield from read(fact["file"])
+        yield from read(path)            # a memory may have dropped it meanwhile: look again
         if r.random() < 0.3 and left > 5:
             ex = re.search(rf">>> ({f}\(.*\))$", text, re.M)
             if ex:
@@ -704,29 +711,36 @@ def oracle(task, r, budget, inline=False):
     yield "submit", ""
 
 
-def summary_text(task, read):
-    """The rule-based summary of the bootstrap: the needed facts read so far (read: paths in order),
-    one line each, as `N1 = value (file)`: the label the docstring uses, what the edit needs."""
-    lines = [f"{f['label']} = {f['value']!r} ({p})" for p in read for f in task.facts if f["file"] == p]
-    return "\n".join(lines) if lines else "nothing read yet"
-
-
 ORACLE_FRAC = 0.1     # transcripts in the format of eval.py's oracle baseline: every file inlined
 LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
 
 
-def _summarise(env, ep, tok, name, payload, obs, seq_len):
-    """A long episode's step as the summary harness sees it (env.Tools.fit on the tokenizer's count, as an
-    episode's would): the context grows, or the harness asks for a summary (the rule-based one is
-    written, and the next segment starts from the fresh context), or the summary cap ends the episode
-    (False). An observation dropped for want of room: the action is taken again after the summary."""
+def _memory(env, ep, tok, name, payload, obs, seq_len):
+    """A long episode's step as its memory sees it (env.Tools.fit on the tokenizer's count, as an episode's
+    would): the context grows, or it passes the threshold and the memory acts: the summary turn (the
+    rule-based summary is written, and the next segment starts from the issue and the summaries), or a
+    rebuilt context (mask, window: the next segment starts from what env.Tools.rebuild kept), or an end
+    (the summary cap, a full context: False). An observation dropped for want of room before a summary:
+    the action is taken again after it."""
     t, tools, e = ep["task"], ep["tools"], ep["e"]
     act = env.action_ids(tok, name, payload)
     feed = act[-1:] + tools.feed_ids(tok, obs)          # as env.next_feed: <|end|>, the observation
+    ep["turns"].append((env.action_segments(name, payload), env.observation_segments(obs), name, payload, obs))
     nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ep["ctx"] + len(act) - 1, ep["prompt"],
                     seq_len or env.LONG_WINDOW, 0)
-    if nxt is None:                                     # past the summary cap: the harness ends it
+    if nxt is None:                                     # past the summary cap, or the context is full
         return False
+    if nxt[1]:                                          # mask, window: a rebuilt context, all fed
+        ep["docs"].append(ep["segs"])
+        dropped = env.observation_segments(env.MASKED)
+        ep["segs"] = [(tools.prompt(t), True, False)] + [(p, True, special) for i, masked in e.state["context"]
+                                                        for p, _, special in ep["turns"][i][0]
+                                                        + (dropped if masked else ep["turns"][i][1])]
+        ep["ctx"] = len(nxt[0])
+        # the oracle sees again only what the rebuilt context shows
+        ep["mem"]["seen"] = {ep["turns"][i][3]: ep["turns"][i][4] for i, masked in e.state["context"]
+                             if not masked and ep["turns"][i][2] == "read" and not ep["turns"][i][4].startswith("error")}
+        return True
     if not e.state.pop("summarizing", False):
         ep["ctx"] += len(act) - 1 + len(nxt[0])
         return True
@@ -735,7 +749,11 @@ def _summarise(env, ep, tok, name, payload, obs, seq_len):
         ep["segs"] = ep["segs"][:-3]
         ep["read"] = ep["read"][:-1] if name == "read" else ep["read"]
         ep["again"] = (name, payload)
-    text = summary_text(t, ep["read"])
+    edited = [a.function for a in e.actions if a.name == "edit" and not a.error]
+    text = env.summary_text(t, ep["read"], edited)
+    ep["mem"]["seen"].clear()                           # a fresh context: the issue and the summaries
+    ep["mem"]["known"] |= {f["file"] for f in t.facts if f["file"] in ep["read"]}
+    ep["mem"]["places"] = {f: p for p, f in t.targets if p in ep["read"]}
     ep["docs"].append(ep["segs"] + [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)])
     e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
     ep["fresh"] += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
@@ -744,29 +762,31 @@ def _summarise(env, ep, tok, name, payload, obs, seq_len):
     return True
 
 
-def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
+def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memory="summary"):
     """One or more Transcripts per task: the oracle policy's episode through env.Tools itself, every
     episode of the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in
     one batch. A share (ORACLE_FRAC) starts from every file inlined (eval.py's oracle baseline's format).
-    A long task's episode runs in the summary harness (env.long_tools), which says where a summary falls:
-    tok counts the context as an episode's would, in a model of seq_len positions (None: the window's);
-    its episode is one Transcript per segment: the first ends on its summary (summary_text), the next
-    starts from the fresh context (the issue and the summaries so far, context like the observations).
-    An observation the harness drops for want of room is dropped here too, and the action is taken
-    again after the summary."""
+    A long task's episode runs in the harness of `memory` (env.long_tools; None: the whole context),
+    which says where the context passes its threshold: tok counts it as an episode's would, in a model
+    of seq_len positions (None: the window's). Its episode is one Transcript per segment: with the
+    summary turn, the first ends on its summary (env.summary_text), the next starts from the fresh
+    context (the issue and the summaries so far, context like the observations); with mask and window,
+    the next starts from the context the harness rebuilt. An observation the harness drops for want
+    of room is dropped here too, and the action is taken again after the summary."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
         inline = r.random() < ORACLE_FRAC and t.kind != "long"
-        tools = env.long_tools() if t.kind == "long" else env.Tools(inline=inline)
+        tools = env.long_tools(memory) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
         e = env.Episode(0)
         tools.start(t, e)
-        ep = {"task": t, "tools": tools, "e": e, "policy": oracle(t, r, tools.max_actions, inline), "read": [],
+        mem = {"seen": {}, "known": set(), "places": {}}
+        ep = {"task": t, "tools": tools, "e": e, "policy": oracle(t, r, tools.max_actions, inline, mem), "read": [],
               "docs": [], "segs": [(tools.prompt(t), True, False)], "fresh": [(tools.prompt(t), True, False)],
-              "obs": None}
+              "obs": None, "turns": [], "mem": mem}
         if t.kind == "long":
             ep["prompt"] = tok.encode(tools.prompt(t))
             ep["ctx"] = len(ep["prompt"])
@@ -795,7 +815,7 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None):
                 obs = env.test_report(r, [n for n, in run.inputs]) if name == "test" else env.run_report(r)
             ep["obs"] = obs
             ep["segs"] += env.observation_segments(obs)
-            if ep["task"].kind != "long" or _summarise(env, ep, tok, name, payload, obs, seq_len):
+            if ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len):
                 live.append(ep)
     out = []
     for ep in eps:

@@ -45,8 +45,9 @@ def new_stats(args):
       gen_s, sandbox_s, train_s, prefilter_s   seconds (means over ranks)
       prefilter_n, prefilter_kept, prefilter_all   --prefilter's predicted odds
       repair_roots, repair_n, repair_passes, repair_repeats   --repair-groups
-      long_n, long_passes, summaries_sum, summary_tokens_sum, over_cap, facts_read, facts_kept
-                             --agent's long tasks: the summaries, their cap, the facts they keep
+      long_n, long_passes, summaries_sum, summary_tokens_sum, over_cap, facts_read, facts_kept, rebuilds_sum
+                             --agent's long tasks: the summaries, their cap, the facts they keep; the
+                             contexts --memory mask or window rebuilt
     Set once (ONCE): lr, trained_seqs, grad_norm, len_max (the max over ranks), moe (the router's
     figures, model.moe_metrics)."""
     keys = [f"outcome/{o}" for o in OUTCOMES + ("over_cap", "step_limit")]
@@ -58,7 +59,7 @@ def new_stats(args):
              "sandbox_s", "train_s", "prefilter_s", "prefilter_n", "prefilter_kept",
              "prefilter_all", "repair_roots", "repair_n", "repair_passes", "repair_repeats", "tool_calls_sum",
              "format_errors_sum", "long_n", "long_passes", "summaries_sum", "summary_tokens_sum", "over_cap",
-             "facts_read", "facts_kept"]
+             "facts_read", "facts_kept", "rebuilds_sum"]
     keys += [f"{k}/d{d}" for k in ("groups", "signal") for d in range(1, 6)]
     return Stats({**dict.fromkeys(keys + list(ONCE), 0), "moe": {}})
 
@@ -109,7 +110,8 @@ def record(ctx, step, stats, pbar):
                    long_pass_rate=per("long_passes", "long_n"),
                    summaries_per_episode=per("summaries_sum", "long_n"),
                    summary_len=per("summary_tokens_sum", "summaries_sum"), over_cap=per("over_cap", "long_n"),
-                   fact_retention=per("facts_kept", "facts_read"))
+                   fact_retention=per("facts_kept", "facts_read"),
+                   rebuilds_per_episode=per("rebuilds_sum", "long_n"))
     if args.repair_groups:   # failed attempts branched; the pass and resubmission rates of their repairs
         rec.update(repair_roots=s["repair_roots"], repair_pass_rate=per("repair_passes", "repair_n"),
                    repair_repeat_rate=per("repair_repeats", "repair_n"))

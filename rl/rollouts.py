@@ -153,15 +153,14 @@ def tool_episodes(ctx, tasks, seed, stats):
     observation fed back, up to the step limit (env.run_episodes, as eval.py and agent.py run it).
     One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
     covers every token the model wrote in every turn, none of the observations (rl.algo.flatten).
-    Long tasks (a share of the stream, train_rl.FIXED long_share) run in env.long_tools(): when the
-    context passes its threshold the model summarises and goes on from a fresh context; each segment
-    trains as a sequence of its own with the episode's advantage (rl.algo.segments). An episode that
-    would need more summaries than the cap is masked out of its group or scored as a failure
-    (--over-cap)."""
+    Long tasks (a share of the stream, train_rl.FIXED long_share) run in env.long_tools(--memory): when
+    the context passes its threshold the model summarises and goes on from a fresh context (or the
+    harness rebuilds it: mask, window); each segment trains as a sequence of its own with the
+    episode's advantage (rl.algo.segments)."""
     t0, eps = time.time(), []
     long = {i for i, t in enumerate(tasks) if t.kind == "long"}
     for tools, idx, part in ((env.Tools(), [i for i in range(len(tasks)) if i not in long], "rollout"),
-                             (env.long_tools(), sorted(long), "long")):
+                             (env.long_tools(ctx.args.memory), sorted(long), "long")):
         if idx:
             run = env.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in idx], tools=tools, pool=ctx.pool,
                                       generator=rng(ctx, seed._replace(part=part)), **sampling_kw(ctx))
@@ -173,13 +172,13 @@ def tool_episodes(ctx, tasks, seed, stats):
     for e in eps:
         e.group = e.task_idx                  # a task's G episodes are its group
         if e.task_idx in long:
-            over_cap(ctx.args, tasks[e.task_idx], e, stats)
+            long_stats(tasks[e.task_idx], e, stats)
     return eps, [e.result for e in eps]
 
 
-def over_cap(args, task, e, stats):
-    """A long episode's summary statistics, and --over-cap: an episode that ran past the summary cap is
-    masked (left out of its group: no advantage, no loss) or scored as a failure (reward 0)."""
+def long_stats(task, e, stats):
+    """A long episode's memory statistics: its summaries, its rebuilt contexts, the facts it kept, and
+    whether it ran past the summary cap (env.Tools.finish scores it a failure)."""
     stats["long_n"] += 1
     stats["long_passes"] += e.result.passed
     stats["summaries_sum"] += len(e.summaries)
@@ -187,13 +186,8 @@ def over_cap(args, task, e, stats):
     read, kept = env.fact_retention(task, e)
     stats["facts_read"] += read
     stats["facts_kept"] += kept
-    if e.end != "summary_cap":
-        return
-    stats["over_cap"] += 1
-    if args.over_cap == "mask":
-        e.masked = True
-    elif e.result.outcome != "sandbox_error":
-        e.result = dataclasses.replace(e.result, reward=0.0, passed=False, outcome="over_cap")
+    stats["rebuilds_sum"] += e.state.get("rebuilds", 0)
+    stats["over_cap"] += e.end == "summary_cap"
 
 
 def repair_groups(ctx, tasks, seed, stats):

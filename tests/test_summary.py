@@ -1,5 +1,6 @@
 """Self-summarization: the long tasks, the summary turn in the episode loop, and its training (each
 segment a sequence of its own, with the episode's advantage and the episode's normaliser)."""
+import dataclasses
 import re
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 import env
 from sandbox.pool import Result
 import rl.algo as rl
-from data.repos import generate_agent_tasks, generate_repo_tasks, solved_files, summary_text, transcripts
+from data.repos import generate_agent_tasks, generate_repo_tasks, solved_files, transcripts
+from env import summary_text
 from tokenizer import train_tokenizer
 from model import GPT, GPTConfig
 from rl import rollouts
@@ -75,13 +77,15 @@ def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fre
         assert request == ("<|summary|>", True, True) and end == ("<|end|>", False, True) and not text[1]
         t = next(t for t in long_tasks if d.startswith(env.render_issue(t)))
         lines, true = text[0].split("\n"), {summary_text(t, [f["file"]]) for f in t.facts}
-        read = [f["file"] for f in t.facts if f"<|read|>{f['file']}<|end|>" in d]
+        read = [f["file"] for f in t.facts if f"<|read|>{f['file']}<|end|><|obs|>" in d]   # seen, not dropped
         fed = [s[0] for s in d.segments[:-3] if s[1] and not s[2]]          # earlier summaries among them
         before = [line for text in fed for line in text.split("\n") if line in true]
         if lines == ["nothing read yet"]:          # a summary before either settings module was read
             assert not read and not before
             continue
-        assert set(lines) <= true and {summary_text(t, [p]) for p in read} | set(before) == set(lines)
+        todo = {f"{w} {f} in {p}" for p, f in t.targets for w in ("fix", "fixed")}   # where to go next
+        facts = [line for line in lines if line not in todo]
+        assert set(facts) <= true and {summary_text(t, [p]) for p in read} | set(before) == set(facts)
     for d in docs:                                 # every document starts from the issue (context)
         assert d.segments[0][1] and d.segments[0][0].startswith("# Issue")
         fed = [s for s in d.segments if s[0] == "<|summary|>"]
@@ -165,25 +169,31 @@ def test_summary_episodes_are_chains_of_segments_of_exactly_the_sampled_tokens(t
     assert n_summaries >= 3 and any(e.end == "summary_cap" for e in eps)
 
 
-def test_the_threshold_is_the_same_for_a_group_and_the_window_drops_the_oldest_turns(tok, pool, long_tasks):
+@pytest.mark.parametrize("memory", ["window", "mask"])
+def test_the_threshold_is_the_same_for_a_group_and_window_and_mask_rebuild_within_the_budget(tok, pool, long_tasks,
+                                                                                             memory):
+    """Past the task's threshold the context is rebuilt: the issue, then the latest turns that fit in the
+    window less the next turn's generation (the budget the summary turn has too). window keeps them
+    whole; mask keeps every action and drops each observation but the last for a placeholder."""
     at = {env.summary_at(t, 640) for t in long_tasks}
     assert len(at) > 1 and all(288 <= a <= 352 for a in at)       # drawn per task, in [0.45, 0.55] x window
     assert env.summary_at(long_tasks[0], 640) == env.summary_at(long_tasks[0], 640)
     model, tasks = loud_model(tok), long_tasks[:2]
-    tools = env.Tools(max_actions=8, max_errors=6, memory="window", window=400)
+    tools = env.Tools(max_actions=8, max_errors=6, memory=memory, window=400)
     eps = env.run_episodes(model, tok, tasks, 3, tools, pool, temperature=1.0, max_new_tokens=24,
-                              batch_size=6, generator=torch.Generator().manual_seed(3))
-    dropped = 0
+                           batch_size=6, generator=torch.Generator().manual_seed(3))
+    dropped, masked = 0, tools.feed_ids(tok, env.MASKED)
     for e in eps:
         prompt = tok.encode(tools.prompt(tasks[e.task_idx]))
         for a, b in zip(e.turns, e.turns[1:]):
             if b.segment > a.segment:          # a rebuilt context: the prompt and the latest turns
                 dropped += 1
                 kept = b.prompt_ids[len(prompt):]
-                at = env.summary_at(tasks[e.task_idx], 400)
-                assert b.prompt_ids[:len(prompt)] == prompt and len(prompt) < at
-                assert len(b.prompt_ids) <= at
-                upto = [i for piece in e.state["stream"][:e.turns.index(b)] for i in piece]
+                assert b.prompt_ids[:len(prompt)] == prompt and len(b.prompt_ids) <= 400 - 24
+                n = e.turns.index(b)           # the turns before b, as fed (action, observation)
+                pieces = [act + (masked if memory == "mask" and i < n - 1 else obs)
+                          for i, (act, obs) in enumerate(e.state["stream"][:n])]
+                upto = [i for piece in pieces for i in piece]
                 assert upto[len(upto) - len(kept):] == kept
         assert not e.summaries
     assert dropped
@@ -238,21 +248,26 @@ def test_the_loss_is_normalised_over_the_whole_episode():
     assert rl.token_weights(mask, "token", 4, 8, 10)[mask > 0].tolist() == pytest.approx([0.1] * 5)
 
 
-def test_over_cap_episodes_are_masked_or_failed():
+def test_long_stats_count_summaries_and_kept_facts_and_an_episode_past_the_cap_fails():
     from collections import Counter
     from types import SimpleNamespace
     t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1, "label": "N1"},
                                {"file": "b.py", "name": "B", "value": 2, "label": "N2"}])
-    for mode in ("mask", "fail"):
-        turns = [env.Turn([], [1], []), env.Turn([], [5, 6], [], "N1 = 1 (a.py)", summary=True),
-                 env.Turn([], [7], [], "nothing", summary=True)]
-        e = env.Episode(0, turns, Result(1.0, True, "pass", "", 1, 1), summaries=[[5, 6], [7]], end="summary_cap",
-                        actions=[env.Action("read", "a.py")])
-        stats = Counter()
-        rollouts.over_cap(SimpleNamespace(over_cap=mode), t, e, stats)
-        assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
-        assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; kept in one
-        if mode == "mask":
-            assert e.masked and e.result.passed
-        else:
-            assert not e.masked and e.result.reward == 0.0 and e.result.outcome == "over_cap"
+    turns = [env.Turn([], [1], []), env.Turn([], [5, 6], [], "N1 = 1 (a.py)", summary=True),
+             env.Turn([], [7], [], "nothing", summary=True)]
+    e = env.Episode(0, turns, Result(1.0, True, "pass", "", 1, 1), summaries=[[5, 6], [7]], end="summary_cap",
+                    actions=[env.Action("read", "a.py")],
+                    state={"rebuilds": 0})
+    stats = Counter()
+    rollouts.long_stats(t, e, stats)
+    assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
+    assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; kept in one
+    # the judge passes its repository, but an episode that ran out of summaries (or actions) fails
+    passing = SimpleNamespace(run_batch=lambda runs: [Result(1.0, True, "pass", "", 1, 1)] * len(runs))
+    items = [(SimpleNamespace(hidden=None), dataclasses.replace(e, end=end, repo={}))
+             for end in ("summary_cap", "step_limit", "submit")]
+    import unittest.mock
+    with unittest.mock.patch.object(env, "hidden_run", lambda t, repo: None):
+        env.Tools().finish(passing, items)
+    assert [(x.result.passed, x.result.outcome) for _, x in items] == \
+        [(False, "over_cap"), (False, "step_limit"), (True, "pass")]
