@@ -21,7 +21,6 @@ stream, resumable state; a tool may pass just the fields a function reads, as
 lab/experiments/prefilter_check.py does) and, where it records anything, a step's `stats`
 (rl.metrics.new_stats).
 """
-import dataclasses
 import time
 from collections import namedtuple
 
