@@ -4,7 +4,8 @@ run_episodes, as train_rl.py and eval.py run it). Two tool sets:
 
 --repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
 one action per turn (ls, read, edit a function, run the tests, submit), and this prints every action
-and observation; a long episode goes on past its context through summaries the model writes. The
+and observation; a long episode goes on past its context through its memory (--memory: summaries the
+model writes, old observations masked, or a sliding window). The
 tests are the top-level test_* functions of its first test_*.py file (at the directory's top level);
 the verdict is that file, as it was, run on the final copy. The directory itself is never written
 unless --apply is given; the final copy goes to --out-dir/repo.
@@ -124,6 +125,9 @@ def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
             print(f"--- turn {t}, a summary (then a fresh context: the issue and the summaries):\n{action}",
                   file=out)
             continue
+        if t > 1 and x.segment > episode.turns[t - 2].segment and not episode.turns[t - 2].summary:
+            print(f"--- the context passed its threshold: rebuilt ({tools.memory}: the issue and the latest "
+                  f"turns{', old observations masked' if tools.memory == 'mask' else ''})", file=out)
         print(f"--- turn {t}: {action}", file=out)
         if x.feedback:
             print(x.feedback if x.feedback.endswith("\n") else x.feedback + "\n", end="", file=out)
@@ -188,9 +192,9 @@ def run_repo(args, model, tok, gen):
         common.die(f"{args.ckpt}: no tool tokens; --repo needs an agent checkpoint (AGENT=1 bash run.sh)")
     issue = args.issue or f"A test in {test_file} fails. Find the bug and fix it."
     task = project_task(files, test_file, issue)
-    # the summary turn carries an episode past the context: it summarises when its context passes the
-    # threshold of the model's whole context (env.summary_at), as RL trained it to in a smaller window
-    tools = env.Tools(max_actions=env.LONG_ACTIONS, memory="summary", window=model.config.seq_len)
+    # the memory carries an episode past the context: past the threshold of the model's whole context
+    # (env.summary_at) it summarises, masks old observations or slides (--memory: the one RL trained)
+    tools = env.Tools(max_actions=env.LONG_ACTIONS, memory=args.memory, window=model.config.seq_len)
     with SandboxPool(workers=1) as pool:
         ep = env.run_episodes(model, tok, [task], 1, tools, pool, args.temperature, args.max_new_tokens,
                               generator=gen)[0]
@@ -247,6 +251,8 @@ def main(argv=None):
                    "work through tools, on a copy")
     p.add_argument("--issue", default=None, help="with --repo: the issue text the agent reads first")
     p.add_argument("--apply", action="store_true", help="with --repo: write the changed files back into it")
+    p.add_argument("--memory", choices=["summary", "mask", "window"], default="summary",
+                   help="with --repo: how an episode goes on past its context (train_rl.py --memory)")
     p.add_argument("--prompt-file", default=None,
                    help="your signature + docstring with >>> examples ('-' = stdin)")
     p.add_argument("--task", type=int, default=0, help="index of a held-out env task (without --prompt-file)")

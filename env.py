@@ -466,13 +466,10 @@ def run_report(result):
 SUMMARY_TOKENS = 64       # a summary's cap
 SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes without the observation
 # The long tasks' (data/repos.py) context window, and (summary_at) its threshold at 45-55% of it,
-# 288-352 tokens. With the cpu tokenizer the issue is 76-99 tokens and a settings file's read (the action
-# and the observation) 139-191: the issue and both reads (377 and up on train, test seeds 11 and 23)
-# pass every threshold, so a sliding window never holds both files (eval.py measures it per run:
-# window/memory_free, the share of tasks where it could) and an episode asks for its summary by the
-# second read at the latest; the threshold, a read and the summary's room fit the window (352 + 191 +
-# 17 < 640), so the request comes with its observation. The model's own context (1024 on the cpu preset)
-# holds a whole episode, which eval.py's full-context oracle runs in.
+# 288-352 tokens. With the cpu tokenizer the issue and a read of both settings files (640 characters each)
+# are 571+ tokens on test seeds 11 and 23: no memory holds both numbers at once in the window less a
+# turn's generation (a window or a mask must use the first before it reads the second), and the oracle
+# policy's whole episode needs a median 1,069-1,120 tokens, 1.7x the window (eval.py: long/full_tokens_p50).
 LONG_WINDOW = 640
 LONG_ACTIONS = 16         # a long task's step limit: two settings reads more than a short one's, and rereads
 
@@ -541,14 +538,6 @@ def summary_at(task, window):
     """The context length (tokens) past which an episode of `task` summarises, or drops turns: between
     45% and 55% of the window, drawn from the task's id, so every episode of a group shares it."""
     return int(window * random.Random(f"summary/{task.task_id}").uniform(0.45, 0.55))
-
-
-def memory_free(tok, task, window=LONG_WINDOW):
-    """Whether the issue and a read of every file of task.facts fit under the task's threshold: a long
-    task a sliding window could solve without a memory (none should be; eval.py counts them)."""
-    reads = sum(len(action_ids(tok, "read", f["file"])) + len(Tools().feed_ids(tok, task.files[f["file"]]))
-                for f in task.facts)
-    return len(tok.encode(render_issue(task))) + reads <= summary_at(task, window)
 
 
 def keep_context(e, feed, used, room):

@@ -46,7 +46,7 @@ import sampling
 import env
 from sandbox.pool import OUTCOMES, SandboxPool
 from rl.algo import pass_at_k, pass_sums, tool_calls
-from data.repos import KINDS, generate_repo_tasks
+from data.repos import KINDS, generate_repo_tasks, transcripts
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
 
 # Defaults per preset; every flag overrides them. cpu (2 cores, about a minute per checkpoint): task
@@ -54,8 +54,8 @@ from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficu
 # 164 problems say as much; held-out difficulty 1-2, the levels a model of the cpu preset's size can
 # solve (the world's own mix is mostly levels 4-5, where every model here scores ~0). gpu: the full
 # sets, longer generations, the world's own mix.
-# agent_tasks, agent_samples: --agent's repository tasks and episodes per task (settings; an episode
-# is several generations); long_tasks: its long tasks (self-summarization), as many episodes each.
+# agent_tasks, agent_samples: --agent's repository tasks and episodes per task (an episode is several
+# generations); long_tasks: its long tasks (a memory's), as many episodes each, under each memory.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
                   humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False,
@@ -467,22 +467,33 @@ def located(task):
     return dataclasses.replace(task, issue=f"{task.issue} The fault is in {where}.")
 
 
-def agent_suites(n_tasks, seed, levels, n_long=0):
+# The long tasks' suites: each memory of env.MEMORIES, in the same window, on the same tasks. The oracle
+# summary is the ceiling: the harness writes the summary the task needs (env.summary_text).
+LONG_SUITES = {"summary": "summary", "mask": "mask", "window": "window", "oracle_summary": "oracle"}
+
+
+def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
     """What the agent eval measures, {name: (repository tasks, tool set)}, the same tasks for every
     checkpoint and baseline, so that gains pair by task: the agent; no_run (test and run answer
     "unavailable": it reads and edits blind); the oracle (every file inlined, the same tools and step
     limit); located (the issue names the function to change and its file); fixed_plan (one action
     sequence for every task: test, ls, then edits the model writes). On n_long long tasks (two facts in
-    two long files, env.LONG_WINDOW): the summary turn, a sliding window that drops the oldest turns, and
-    the model's whole context."""
+    two long settings files, more than env.LONG_WINDOW holds): one suite per memory of LONG_SUITES."""
     test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
     long = generate_repo_tasks("test", n_long, seed=seed, difficulties=levels, kinds=("long",))
-    return {"agent": (test, env.Tools()),
-            "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
-            "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
-            "fixed_plan": (test, env.FixedPlan()),
-            **({"summary": (long, env.long_tools("summary")), "window": (long, env.long_tools("window")),
-                "full_context": (long, env.long_tools(None))} if long else {})}
+    short = {"agent": (test, env.Tools()),
+             "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
+             "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
+             "fixed_plan": (test, env.FixedPlan())}
+    return {**(short if test else {}), **{m: (long, env.long_tools(LONG_SUITES[m])) for m in memories if long}}
+
+
+def full_context_tokens(tasks, pool, tok):
+    """The tokens each long task's whole episode needs when nothing is forgotten: the oracle policy's
+    episode (data/repos.oracle: it greps, reads the chain and both settings files, edits, tests and
+    submits) with no memory and no context limit, counted as the harness feeds it."""
+    docs = transcripts(tasks, pool, seed=0, tok=tok, seq_len=10 ** 9, memories=(None,))
+    return [sum(1 if special else len(tok.encode(text)) for text, _, special in d.segments) for d in docs]
 
 
 def plan_of(task, e):
@@ -500,6 +511,7 @@ def episode_record(task, e):
             "turns": len(e.turns), "tool_calls": tool_calls(e.actions),
             "format_errors": len(e.actions) - tool_calls(e.actions), "end": e.end, "plan": plan_of(task, e),
             "summaries": len(e.summaries), "summary_tokens": sum(map(len, e.summaries)), "blind": e.blind,
+            "rebuilds": e.state.get("rebuilds", 0),
             "facts_read": facts_read, "facts_kept": facts_kept,
             "summary_texts": [t.text for t in e.turns if t.summary],
             "actions": [f"{a.name} {a.path or ''}".strip() + (" (error)" if a.error else "")
@@ -534,10 +546,11 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
                step_limit=sum(r["end"] == "step_limit" for r in records) / max(1, len(records)),
                mean_len=mean("n_tokens"), records=records,
                sandbox_errors=sum(r["outcome"] == "sandbox_error" for r in records))
-    if tools.memory == "summary":   # the summaries: per episode, their length, the needed facts they keep
+    if tools.memory:         # a long task's memory: summaries or rebuilt contexts per episode
+        out["per_episode"] = sum(r["summaries"] + r["rebuilds"] for r in records) / max(1, len(records))
+    if tools.memory in ("summary", "oracle"):   # the summaries: their length, the needed facts they keep
         n_sum, read = sum(r["summaries"] for r in records), sum(r["facts_read"] for r in records)
-        out.update(per_episode=mean("summaries"),
-                   summary_len=sum(r["summary_tokens"] for r in records) / n_sum if n_sum else None,
+        out.update(summary_len=sum(r["summary_tokens"] for r in records) / n_sum if n_sum else None,
                    without_obs=sum(r["blind"] for r in records) / n_sum if n_sum else None,
                    fact_retention=sum(r["facts_kept"] for r in records) / read if read else None,
                    over_cap=sum(r["end"] == "summary_cap" for r in records) / max(1, len(records)))
@@ -558,23 +571,27 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
                            args.temperature, args.max_new_tokens, args.batch_size, args.seed)
         records[name] = r.pop("records")
         figs.update({f"{name}/{k}": v for k, v in r.items()})
-    test = suites["agent"][0]
-    for base in ("fixed_plan", "no_run", "oracle", "located"):   # the agent against each baseline, paired
-        for sl, (gain, se) in paired_gain(test, records[base], records["agent"]).items():
-            figs[f"agent/{sl}pass@1 - {base}"], figs[f"agent/{sl}pass@1 - {base}, paired SE"] = gain, se
-    bugs = [t for t in test if t.kind in ("bug", "two_bugs")]
-    for sl, (gain, se) in paired_gain(bugs, records["no_run"], records["agent"]).items():
-        figs[f"agent/bugs/{sl}pass@1 - no_run"], figs[f"agent/bugs/{sl}pass@1 - no_run, paired SE"] = gain, se
-    oracle = figs["oracle/pass@1"]
-    figs["agent/pass@1 / oracle"] = figs["agent/pass@1"] / oracle if oracle else None
-    fixed = figs["fixed_plan/pass@1"]
-    figs["agent/pass@1 / fixed_plan"] = figs["agent/pass@1"] / fixed if fixed else None
-    if "summary" in suites:   # the summary turn against the sliding window, paired on the same long tasks
-        gains = paired_gain(suites["summary"][0], records["window"], records["summary"])
-        for sl, (gain, se) in gains.items():
-            figs[f"summary/{sl}pass@1 - window"], figs[f"summary/{sl}pass@1 - window, paired SE"] = gain, se
-        long = suites["summary"][0]
-        figs["window/memory_free"] = sum(env.memory_free(tok, t) for t in long) / len(long)
+    if "agent" in suites:    # the agent against each baseline, paired on the same tasks
+        test = suites["agent"][0]
+        for base in ("fixed_plan", "no_run", "oracle", "located"):
+            for sl, (gain, se) in paired_gain(test, records[base], records["agent"]).items():
+                figs[f"agent/{sl}pass@1 - {base}"], figs[f"agent/{sl}pass@1 - {base}, paired SE"] = gain, se
+        bugs = [t for t in test if t.kind in ("bug", "two_bugs")]
+        for sl, (gain, se) in paired_gain(bugs, records["no_run"], records["agent"]).items():
+            figs[f"agent/bugs/{sl}pass@1 - no_run"], figs[f"agent/bugs/{sl}pass@1 - no_run, paired SE"] = gain, se
+        for base in ("oracle", "fixed_plan"):
+            top = figs[f"{base}/pass@1"]
+            figs[f"agent/pass@1 / {base}"] = figs["agent/pass@1"] / top if top else None
+    long = [m for m in LONG_SUITES if m in suites]
+    if long:   # the memories against each other on the same long tasks (paired), and how long they are
+        for base in (m for m in ("mask", "window") if m in long and "summary" in long):
+            for sl, (gain, se) in paired_gain(suites[base][0], records[base], records["summary"]).items():
+                figs[f"summary/{sl}pass@1 - {base}"], figs[f"summary/{sl}pass@1 - {base}, paired SE"] = gain, se
+        if "summary" in long and "oracle_summary" in long:
+            top = figs["oracle_summary/pass@1"]
+            figs["summary/pass@1 / oracle_summary"] = figs["summary/pass@1"] / top if top else None
+        need = sorted(full_context_tokens(suites[long[0]][0], pool, tok))
+        figs["long/full_tokens_p50"], figs["long/context"] = need[len(need) // 2], env.LONG_WINDOW
     figs["eval_s"] = time.time() - t0
     return figs, records
 
@@ -589,21 +606,27 @@ def evaluate_agent_checkpoints(args):
         levels = parse_difficulties(args.difficulties or "")
     except ValueError as e:
         common.die(f"--difficulties: {e}")
-    suites = agent_suites(args.agent_tasks, args.task_seed, levels, args.long_tasks)
+    memories = [m for m in args.memory.split(",") if m]
+    if set(memories) - set(LONG_SUITES):
+        common.die(f"--memory: each of {', '.join(LONG_SUITES)}, comma-separated; got {args.memory!r}")
+    if args.agent_tasks < 0 or args.long_tasks < 0:
+        common.die("--agent-tasks and --long-tasks must be >= 0")
+    suites = agent_suites(args.agent_tasks, args.task_seed, levels, args.long_tasks, memories)
+    if not suites:
+        common.die("nothing to evaluate: --agent-tasks is 0 and no long task runs (--long-tasks 0 or --memory '')")
     device = common.pick_device(args.device)
     figs, records = {}, {}
     with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
         for label, path in zip(labels, args.ckpt):
             figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
-    test = suites["agent"][0]
     for label in labels[1:]:
-        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located",
-                                                "summary")]:
+        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located")
+                     or s in LONG_SUITES]:
             tasks = suites[name][0]
             for sl, (gain, se) in paired_gain(tasks, records[labels[0]][name], records[label][name]).items():
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain
                 figs[label][f"{name}/{sl}pass@1 - {labels[0]}, paired SE"] = se
-    head = (f"repository tasks: {len(test)} x {args.agent_samples} episodes (test split, seed "
+    head = (f"repository tasks: {args.agent_tasks} x {args.agent_samples} episodes (test split, seed "
             f"{args.task_seed}, difficulties {args.difficulties or 'all'}; kinds {', '.join(KINDS)}), "
             f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens} per action; agent = the "
             f"symptom only, every tool; no_run = test and run unavailable; oracle = every file inlined, the "
@@ -612,11 +635,15 @@ def evaluate_agent_checkpoints(args):
             f"of a task it has not seen); plans = distinct action sequences (paths by role) of the passing "
             f"episodes; first_edit_pass = episodes whose first edit alone passes; step_limit = episodes out "
             f"of actions without submitting (failures)"
-            + (f"; long tasks: {len(suites['summary'][0])} x {args.agent_samples} episodes (two facts in two "
-               f"long files), summary = the summary turn in a window of {env.LONG_WINDOW} tokens, window = "
-               f"the oldest turns dropped instead, full_context = the model's whole context (fact_retention: "
-               f"of the needed facts read before a summary, the share it keeps: label and value)"
-               if "summary" in suites else ""))
+            + (f"; long tasks: {args.long_tasks} x {args.agent_samples} episodes (two facts in two long "
+               f"settings files) in a window of {env.LONG_WINDOW} tokens (long/context; long/full_tokens_p50: "
+               f"the median tokens the oracle policy's whole episode needs), past its threshold summary = the "
+               f"model writes a summary and goes on from the issue and its summaries, mask = the latest turns "
+               f"with every observation but the last dropped ({env.MASKED!r}), window = the latest turns "
+               f"whole, oracle_summary = the harness writes the summary the task needs (the ceiling); "
+               f"per_episode = summaries or rebuilt contexts; fact_retention = of the needed facts read "
+               f"before a summary, the share it keeps (label and value)"
+               if args.long_tasks and args.memory else ""))
     table = markdown_table(figs)
     print(head + "\n\n" + table, flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -698,8 +725,12 @@ def main(argv=None):
                                                            argparse.ArgumentDefaultsHelpFormatter), {}))
     p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
     p.add_argument("--agent", action="store_true",
-                   help="evaluate the tool agent on repository tasks (data/repos.py) against no tools, an "
-                        "all-files oracle, the fact in the prompt and counterfactual twins")
+                   help="evaluate the tool agent on repository tasks (data/repos.py) against its baselines "
+                        "(no_run, oracle, located, fixed_plan), and on long tasks under each --memory")
+    p.add_argument("--agent-tasks", type=int, help="--agent: repository tasks (0: long tasks only)")
+    p.add_argument("--long-tasks", type=int, help="--agent: long tasks, run under each --memory")
+    p.add_argument("--memory", default=",".join(LONG_SUITES),
+                   help="--agent's long tasks: the memories to run them under, comma-separated (empty: none)")
     p.add_argument("--label", action="append", default=[], help="short name per --ckpt (default: the path)")
     p.add_argument("--tasks", default=None,
                    help="JSONL task file or 'humaneval'; with --completions: the tasks to score against; "

@@ -32,22 +32,12 @@ echo "preset: $PRESET   run directory: $OUT"
 run_stage pretrain python train_pretrain.py --preset "$PRESET" --out-dir "$OUT/pretrain"
 PRE_CKPT=$(json_get "$OUT/pretrain.json" ckpt)
 if [ "$AGENT" = 1 ]; then
-  # The agent (docs/agent.md). boot: continued pretraining with oracle tool-use transcripts of repository
-  # tasks (data/repos.py), which adds the tool tokens and extends the context to hold an episode; rl: G
-  # tool episodes per repository task, rewarded by the hidden tests on the final repository; eval: the
-  # agent before and after RL against no tools and an all-files oracle, per slice, on a fresh seed.
-  case $PRESET in
-    smoke) BOOT_ARGS=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
-    cpu)   BOOT_ARGS=(--max-steps 1200 --agent-n 8000 --seq-len 1024 --micro-batch 4 --source-mb 12) ;;
-    *)     BOOT_ARGS=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
-  esac
-  run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$PRE_CKPT" \
-    --mix stdlib=0.05,tasks=0.25,agent=0.7 --task-difficulties 1-2 "${BOOT_ARGS[@]}" --out-dir "$OUT/boot"
-  BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
-  # --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
-  # clock, more and smaller steps. Levels 1-2 (the cpu eval's), where the bootstrapped agent has signal.
-  run_stage rl python train_rl.py --preset "$PRESET" --agent --init-from "$BOOT_CKPT" --out-dir "$OUT/rl" \
-    --eval-tasks 0 --no-dynamic-sampling --difficulties 1-2
+  # The agent (docs/agent.md). boot: the bootstrap (lab/experiments/lib.sh agent_boot); rl: G tool episodes
+  # per repository task, rewarded by the hidden tests on the final repository, long tasks in the summary
+  # memory (agent_rl); eval: the agent before and after RL against its baselines (no_run, oracle, located,
+  # fixed_plan), and on long tasks under each memory, per slice, on a fresh seed.
+  agent_boot "$PRE_CKPT"
+  agent_rl rl "$BOOT_CKPT"
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)
   run_stage eval python eval.py --preset "$PRESET" --agent --ckpt "$BOOT_CKPT" --ckpt "$RL_CKPT" \
     --label boot --label rl --out-dir "$OUT/eval" --task-seed "$TEST_SEED"

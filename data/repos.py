@@ -713,6 +713,9 @@ def oracle(task, r, budget, inline=False, mem=None):
 
 ORACLE_FRAC = 0.1     # transcripts in the format of eval.py's oracle baseline: every file inlined
 LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
+# The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
+# boot for all three, so that each method starts from the same checkpoint, taught its own format.
+BOOT_MEMORIES = ("summary", "mask", "window")
 
 
 def _memory(env, ep, tok, name, payload, obs, seq_len):
@@ -762,11 +765,12 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
     return True
 
 
-def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memory="summary"):
+def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
     """One or more Transcripts per task: the oracle policy's episode through env.Tools itself, every
     episode of the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in
     one batch. A share (ORACLE_FRAC) starts from every file inlined (eval.py's oracle baseline's format).
-    A long task's episode runs in the harness of `memory` (env.long_tools; None: the whole context),
+    A long task's episode runs in the harness of one of `memories`, drawn per task (env.long_tools;
+    None: the whole context),
     which says where the context passes its threshold: tok counts it as an episode's would, in a model
     of seq_len positions (None: the window's). Its episode is one Transcript per segment: with the
     summary turn, the first ends on its summary (env.summary_text), the next starts from the fresh
@@ -778,7 +782,7 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memory="summary"):
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
         inline = r.random() < ORACLE_FRAC and t.kind != "long"
-        tools = env.long_tools(memory) if t.kind == "long" else env.Tools(inline=inline)
+        tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
         e = env.Episode(0)
@@ -829,8 +833,8 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memory="summary"):
 
 def agent_source(args, tok, chunk=256):
     """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
-    the oracle's episodes of train repository tasks, LONG_SHARE of them long, a chunk at a time (the
-    --source-mb cap stops it)."""
+    the oracle's episodes of train repository tasks, LONG_SHARE of them long (in BOOT_MEMORIES), a chunk
+    at a time (the --source-mb cap stops it)."""
     from data.tasks import parse_difficulties
     from sandbox.pool import SandboxPool
     levels = parse_difficulties(args.task_difficulties)
@@ -838,7 +842,7 @@ def agent_source(args, tok, chunk=256):
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
-            yield from transcripts(part, pool, args.seed, tok, args.seq_len)
+            yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -58,7 +58,7 @@ def test_run_sh_smoke_end_to_end(tmp_path):
 
 def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path):
     """AGENT=1: pretrain -> boot -> rl -> eval -> plots; the eval stage gives, per checkpoint, the
-    agent's keys and the long tasks' (the summary turn, the sliding window, the full context)."""
+    agent's keys and the long tasks' (each memory, the oracle summary, what a whole episode needs)."""
     out = tmp_path / "agent"
     env = dict(os.environ, PRESET="smoke", OUT=str(out), AGENT="1")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -66,10 +66,12 @@ def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path)
     figs = json.loads((out / "eval.json").read_text())["checkpoints"]
     assert set(figs) == {"boot", "rl"}
     for f in figs.values():
-        for key in ("agent/pass@1", "oracle/pass@1", "no_tools/pass@1", "summary/pass@1", "window/pass@1",
-                    "full_context/pass@1", "summary/slice=novel/pass@1", "summary/per_episode"):
+        for key in ("agent/pass@1", "oracle/pass@1", "no_run/pass@1", "summary/pass@1", "mask/pass@1",
+                    "window/pass@1", "oracle_summary/pass@1", "summary/slice=novel/pass@1", "summary/per_episode",
+                    "mask/per_episode"):
             assert 0.0 <= f[key] <= 8, key
-        assert "summary/fact_retention" in f and "summary/pass@1 - window" in f
+        assert "summary/fact_retention" in f and "summary/pass@1 - window" in f and "summary/pass@1 - mask" in f
+        assert f["long/full_tokens_p50"] >= 1.5 * f["long/context"]
     steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert all("summaries_per_episode" in s and "fact_retention" in s for s in steps if "eval" not in s)
     assert "summary/pass@1" in (out / "eval" / "agent.md").read_text()

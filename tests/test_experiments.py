@@ -74,3 +74,22 @@ def test_run_stage_resume_keeps_finished_stages(tmp_path):
     assert json.loads((tmp_path / "new.json").read_text()) == {"y": 3}
     run("0")
     assert json.loads((tmp_path / "done.json").read_text()) == {"x": 2}      # without RESUME: run again
+
+
+def test_memory_trains_each_memory_over_seeds_and_measures_each_under_every_memory(tmp_path):
+    p = subprocess.run(["bash", "lab/experiments/memory.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, PRESET="smoke", OUT=str(tmp_path), LONG_TASKS="4"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    table = (tmp_path / "memory.md").read_text()
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    assert {"boot", "summary_s0", "summary_s1", "mask_s0", "mask_s1", "window_s0", "window_s1",
+            "summary (mean of 2)", "mask (mean of 2)", "window (mean of 2)"} <= set(rows)
+    import torch
+    for m in ("summary", "mask", "window"):      # each RL run trained its own memory, as many steps
+        run = json.loads((tmp_path / f"rl_{m}_s0.json").read_text())
+        assert run["steps"] == 2 and torch.load(run["ckpt"], weights_only=False)["args"]["memory"] == m
+    figs = json.loads((tmp_path / "eval" / "agent.json").read_text())["figures"]
+    for f in figs.values():
+        assert {"summary/pass@1", "mask/pass@1", "window/pass@1", "oracle_summary/pass@1"} <= set(f)
+        assert "agent/pass@1" not in f and f["long/full_tokens_p50"] >= 1.5 * f["long/context"]
+    assert "summary - mask, novel" in table and is_png(tmp_path / "memory.png")

@@ -29,3 +29,25 @@ base_ckpt() {
     CKPT=$(json_get "$OUT/base.json" ckpt)
   fi
 }
+# agent_boot PRE_CKPT: the agent's bootstrap (AGENT=1 bash run.sh's boot stage, lab/experiments/memory.sh):
+# continued pretraining from PRE_CKPT with the oracle's tool-use transcripts of repository tasks
+# (data/repos.py), which adds the tool tokens and extends the context to hold an episode; sets BOOT_CKPT.
+agent_boot() {
+  local args
+  case $PRESET in
+    smoke) args=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
+    cpu)   args=(--max-steps 1200 --agent-n 8000 --seq-len 1024 --micro-batch 4 --source-mb 12) ;;
+    *)     args=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
+  esac
+  run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$1" \
+    --mix stdlib=0.05,tasks=0.25,agent=0.7 --task-difficulties 1-2 "${args[@]}" --out-dir "$OUT/boot"
+  BOOT_CKPT=$(json_get "$OUT/boot.json" ckpt)
+}
+# agent_rl NAME BOOT_CKPT ARGS...: the agent's RL stage from the boot (run.sh's rl, memory.sh's runs).
+# --no-dynamic-sampling: a refill round of tool episodes costs a whole round (docs/agent.md); under the
+# clock, more and smaller steps. Levels 1-2 (the cpu eval's), where the bootstrapped agent has signal.
+agent_rl() {
+  local name=$1 boot=$2; shift 2
+  run_stage "$name" python train_rl.py --preset "$PRESET" --agent --init-from "$boot" --out-dir "$OUT/$name" \
+    --eval-tasks 0 --no-dynamic-sampling --difficulties 1-2 "$@"
+}

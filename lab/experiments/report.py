@@ -2,13 +2,15 @@
 
     python -m lab.experiments.report runs/exp/cpt_budget --title "Finding 1" --scatter
     python -m lab.experiments.report runs/exp/router_replay --title "Router replay" --curve logp_mismatch
+    python -m lab.experiments.report runs/exp/memory_cpu --memory     # lab/experiments/memory.sh's table
 
 An experiment script (lab/experiments/*.sh, through lab/experiments/lib.sh's run_stage) leaves one JSON summary per
 stage in its directory: pretrain_<run>.json and rl_<run>.json, where <run> is <config>_s<seed>. This script
 reads them (and the RL runs' metrics.jsonl for per-step means), writes results.md with one row per run and one
 mean row per config (so the seed-to-seed noise is in the table next to the effect), and with --scatter draws
 Finding 1: final validation loss (x) against held-out pass@1 on the near and novel slices before and after
-RL (y). Ends with one JSON line.
+RL (y). --memory: memory.sh's table (memory.md) and figure (memory.png) from its eval directory (agent.json
+and the episodes beside it) and its RL runs. Ends with one JSON line.
 """
 import glob
 import json
@@ -133,13 +135,103 @@ def scatter(runs, path):
     plt.close(fig)
 
 
+MEMORIES = ("summary", "mask", "window")     # train_rl.py --memory; eval.py adds oracle_summary
+
+
+def memory_report(out_dir):
+    """memory.sh's comparison: each RL run (rl_<memory>_s<seed>) and the boot on the long tasks under its
+    own memory, the oracle summary, and the others' memories; the mean of the seeds per memory; and the
+    paired gains of summary over mask and window (each under its own memory, the seeds' episodes pooled
+    per task, SE paired over tasks: eval.paired_gain)."""
+    from eval import paired_gain
+    path = os.path.join(out_dir, "eval", "agent.json")
+    figs = load_json(path)["figures"]
+    labels = list(figs)
+    episodes = {}
+    for i, label in enumerate(labels):
+        for m in MEMORIES + ("oracle_summary",):
+            f = os.path.join(out_dir, "eval", f"episodes-{i}-{m}.jsonl")
+            if os.path.isfile(f):
+                episodes[label, m] = [json.loads(line) for line in open(f)]
+    rows, pooled = {}, {}
+    for label in labels:
+        m = label.split("_s")[0] if label != "boot" else "summary"
+        g = figs[label]
+        rl = load_json(os.path.join(out_dir, f"rl_{label}.json")) if label != "boot" else {}
+        rows[label] = {"trained": label if label == "boot" else m, "own": g.get(f"{m}/pass@1"),
+                       "own near": g.get(f"{m}/slice=near/pass@1"), "own novel": g.get(f"{m}/slice=novel/pass@1"),
+                       **{f"under {k}": g.get(f"{k}/pass@1") for k in MEMORIES + ("oracle_summary",)},
+                       "retention": g.get("summary/fact_retention"), "contexts/ep": g.get(f"{m}/per_episode"),
+                       "over_cap": g.get(f"{m}/over_cap"), "step_limit": g.get(f"{m}/step_limit"),
+                       "RL steps": rl.get("steps")}
+        if label != "boot":
+            pooled.setdefault(m, []).extend(episodes.get((label, m), []))
+            pooled.setdefault(f"{m}@oracle", []).extend(episodes.get((label, "oracle_summary"), []))
+    means = {}
+    for m in MEMORIES:
+        members = [r for r in rows.values() if r["trained"] == m]
+        if len(members) > 1:
+            means[f"{m} (mean of {len(members)})"] = {
+                c: statistics.fmean(v) if (v := [r[c] for r in members if isinstance(r[c], (int, float))]) else None
+                for c in members[0] if c != "trained"}
+    rows.update(means)
+    tasks = {r["task_id"]: r.get("slice", "") for recs in pooled.values() for r in recs}
+    tasks = [type("T", (), {"task_id": t, "slice": sl}) for t, sl in tasks.items()]
+    gains = {}
+    for base, name in (("mask", "mask"), ("window", "window"), ("summary@oracle", "oracle_summary")):
+        if pooled.get("summary") and pooled.get(base):
+            for sl, (gain, se) in paired_gain(tasks, pooled[base], pooled["summary"]).items():
+                gains[f"summary - {name}, {sl.split('=')[-1].rstrip('/') or 'all'}"] = \
+                    f"{gain:+.3f} (paired SE {se:.3f})"
+    own, top = (statistics.fmean(r["passed"] for r in pooled.get(k) or [{"passed": 0}])
+                for k in ("summary", "summary@oracle"))
+    if top:
+        gains["summary / oracle_summary, all"] = f"{own / top:.2f}"
+    lines = [markdown(rows, "Memory: long tasks, each trained method under its own memory and the others'"), ""]
+    lines += ["| gain (mean of the seeds, paired over tasks) | pass@1 |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in gains.items()]
+    return "\n".join(lines) + "\n", rows, gains
+
+
+def memory_figure(rows, path):
+    """pass@1 on long tasks: each trained memory (mean of its seeds) under each memory at eval."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [n for n in rows if "mean of" in n] or [n for n in rows if n != "boot"]
+    evals = [f"under {k}" for k in MEMORIES + ("oracle_summary",)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    w = 0.8 / len(evals)
+    for j, col in enumerate(evals):
+        ax.bar([i + j * w for i in range(len(names))], [rows[n][col] or 0 for n in names], w, label=col)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(names))], [n.split(" (")[0] for n in names])
+    ax.set(xlabel="trained with --memory", ylabel="pass@1, long tasks (held out)",
+           title="Memory: trained as much as each other, measured under each")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = ArgumentParser(prog="report.py", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="an experiment's output directory (holds the stage summaries)")
     p.add_argument("--title", default="results")
     p.add_argument("--curve", action="append", default=[], help="per-step RL metric to average into a column")
     p.add_argument("--scatter", action="store_true", help="draw finding1.png (val loss vs pass@1 per slice)")
+    p.add_argument("--memory", action="store_true", help="memory.sh's table and figure (memory.md, memory.png)")
     args = p.parse_args(argv)
+    if args.memory:
+        text, rows, gains = memory_report(args.out_dir)
+        out = {"table": os.path.join(args.out_dir, "memory.md"), "figure": os.path.join(args.out_dir, "memory.png"),
+               "gains": gains}
+        with open(out["table"], "w") as f:
+            f.write(text)
+        memory_figure(rows, out["figure"])
+        print(text)
+        print(json.dumps(out))
+        return
     runs = collect(args.out_dir, args.curve)
     rows = with_means(runs)
     table = os.path.join(args.out_dir, "results.md")
