@@ -45,7 +45,7 @@ from infra import common
 import sampling
 import speculative
 import env
-from sandbox.pool import Run, SandboxPool
+from sandbox import Run, SandboxPool
 from data.tasks import Task, generate_tasks, parse_difficulties
 
 PRESETS = {

@@ -1,18 +1,18 @@
 """env.py: the environment of RL and eval: the prompt harness, and a sandbox that runs model code.
 
 One module shared by train_rl.py and eval.py, so the model is trained in the same harness it is
-evaluated in (Composer 2 report, "harness parity"). Two parts:
+evaluated in (Composer 2 report, "harness parity"). Its parts:
   1. Harness: render_prompt -> model writes the function BODY -> extract_completion -> build_program;
      for multi-step episodes the visible examples, the feedback after a failed one, and the context
-     (render_episode). The tasks themselves live in data/tasks.py; sampling in sampling.py.
-  2. Sandbox: `SandboxPool`, warm workers (sandbox/worker.py) that run each candidate in a
-     fresh, locked-down child forked from a pristine zygote; the judge of I/O tasks is THIS process,
-     the judge of assert tests a separate process; what came back becomes a Result, the reward.
+     (render_episode). The tasks themselves live in data/tasks.py; sampling in sampling.py. What a
+     candidate's code does runs in sandbox.py (runs: the sandbox.Run of each completion); what came
+     back becomes a Result, the reward.
+  2. The agent's tools (Tools), self-summarization and the other memories, and the episode loop
+     every rollout runs (run_episodes).
 
-    with env.SandboxPool(timeout_s=2.0) as pool:
-        results = pool.run_batch(tasks, completions)      # [Result(reward, passed, outcome, ...)]
-    python -m data.tasks check --split test --n 200       # reference solutions through the sandbox
-No torch here: the sandbox workers must stay small and the trainer must not import them.
+    with sandbox.SandboxPool(timeout_s=2.0) as pool:
+        results = pool.run_batch(env.runs(tasks, completions))   # [Result(reward, passed, outcome, ...)]
+    python -m data.tasks check --split test --n 200               # reference solutions through the sandbox
 """
 import ast
 import dataclasses
@@ -26,7 +26,7 @@ import tokenize
 from tqdm import tqdm
 
 import sampling
-from sandbox.pool import Result, Run
+from sandbox import Result, Run
 
 # ----------------------------------------------------------------------------- harness
 
@@ -310,7 +310,7 @@ def parse_action(tok, tokens):
     return names[tokens[0]], tok.decode(body)
 
 
-# A run of repository code in the sandbox (a sandbox.pool.Run): the program builds the repository's
+# A run of repository code in the sandbox (a sandbox.Run): the program builds the repository's
 # modules in memory (the child is chrooted into an empty directory and cannot import from disk), from
 # the files as string literals, so no file's text can break out of them; its entry point is then
 # called on each input.

@@ -44,7 +44,7 @@ from infra import common
 from data import corpus
 import sampling
 import env
-from sandbox.pool import OUTCOMES, SandboxPool
+from sandbox import OUTCOMES, SandboxPool
 from rl.algo import pass_at_k, pass_sums, tool_calls
 from data.repos import KINDS, generate_repo_tasks, transcripts
 from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficulties, save_tasks
@@ -485,7 +485,8 @@ def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
              "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
              "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
              "fixed_plan": (test, env.FixedPlan())}
-    return {**(short if test else {}), **{m: (long, env.long_tools(LONG_SUITES[m])) for m in memories if long}}
+    memory = {m: (long, env.long_tools(LONG_SUITES[m])) for m in memories if long}
+    return {**(short if test else {}), **memory}
 
 
 def full_context_tokens(tasks, pool, tok):
@@ -578,7 +579,8 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
                 figs[f"agent/{sl}pass@1 - {base}"], figs[f"agent/{sl}pass@1 - {base}, paired SE"] = gain, se
         bugs = [t for t in test if t.kind in ("bug", "two_bugs")]
         for sl, (gain, se) in paired_gain(bugs, records["no_run"], records["agent"]).items():
-            figs[f"agent/bugs/{sl}pass@1 - no_run"], figs[f"agent/bugs/{sl}pass@1 - no_run, paired SE"] = gain, se
+            key = f"agent/bugs/{sl}pass@1 - no_run"
+            figs[key], figs[f"{key}, paired SE"] = gain, se
         for base in ("oracle", "fixed_plan"):
             top = figs[f"{base}/pass@1"]
             figs[f"agent/pass@1 / {base}"] = figs["agent/pass@1"] / top if top else None
@@ -586,7 +588,8 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
     if long:   # the memories against each other on the same long tasks (paired), and how long they are
         for base in (m for m in ("mask", "window") if m in long and "summary" in long):
             for sl, (gain, se) in paired_gain(suites[base][0], records[base], records["summary"]).items():
-                figs[f"summary/{sl}pass@1 - {base}"], figs[f"summary/{sl}pass@1 - {base}, paired SE"] = gain, se
+                key = f"summary/{sl}pass@1 - {base}"
+                figs[key], figs[f"{key}, paired SE"] = gain, se
         if "summary" in long and "oracle_summary" in long:
             top = figs["oracle_summary/pass@1"]
             figs["summary/pass@1 / oracle_summary"] = figs["summary/pass@1"] / top if top else None
@@ -613,7 +616,8 @@ def evaluate_agent_checkpoints(args):
         common.die("--agent-tasks and --long-tasks must be >= 0")
     suites = agent_suites(args.agent_tasks, args.task_seed, levels, args.long_tasks, memories)
     if not suites:
-        common.die("nothing to evaluate: --agent-tasks is 0 and no long task runs (--long-tasks 0 or --memory '')")
+        common.die("nothing to evaluate: --agent-tasks is 0 and no long task runs "
+                   "(--long-tasks 0 or --memory '')")
     device = common.pick_device(args.device)
     figs, records = {}, {}
     with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
@@ -636,9 +640,11 @@ def evaluate_agent_checkpoints(args):
             f"episodes; first_edit_pass = episodes whose first edit alone passes; step_limit = episodes out "
             f"of actions without submitting (failures)"
             + (f"; long tasks: {args.long_tasks} x {args.agent_samples} episodes (two facts in two long "
-               f"settings files) in a window of {env.LONG_WINDOW} tokens (long/context; long/full_tokens_p50: "
-               f"the median tokens the oracle policy's whole episode needs), past its threshold summary = the "
-               f"model writes a summary and goes on from the issue and its summaries, mask = the latest turns "
+               f"settings files) in a window of {env.LONG_WINDOW} tokens (long/context; "
+               f"long/full_tokens_p50: the median tokens the oracle policy's whole episode needs), past its "
+               f"threshold summary = the model writes a summary and goes on from the issue and its "
+               f"summaries, "
+               f"mask = the latest turns "
                f"with every observation but the last dropped ({env.MASKED!r}), window = the latest turns "
                f"whole, oracle_summary = the harness writes the summary the task needs (the ceiling); "
                f"per_episode = summaries or rebuilt contexts; fact_retention = of the needed facts read "

@@ -15,6 +15,7 @@ scales at this size, and untying costs nothing in active compute.
 """
 import functools
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -183,6 +184,14 @@ def expert_matmul(x, w, counts, grouped):
             y.register_hook(lambda g: g.contiguous())
         return y
     return torch.cat([xe @ w[e] for e, xe in enumerate(x.split(counts.tolist()))])
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (the router stays fp32 inside model.py); plain fp32 on CPU, where
+    bf16 matmuls are slower than fp32 on most CPUs and would only add noise to tests."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def compute_dtype(x):

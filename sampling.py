@@ -19,8 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from infra import common
-from model import GPT
+from model import GPT, autocast
 
 # The dtype of recorded routes (expert ids): one byte a route; model.GPTConfig refuses more experts.
 ROUTE_DTYPE = torch.uint8
@@ -298,7 +297,7 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     distribution does not. One stream (retiring with the caller's generator) on GPU and
     under 16 rows per stream. With SPECULATIVE set and a model with MTP modules, each share runs
     it instead (unless routes are asked for). On GPU under bf16 autocast
-    (common.autocast; model.py keeps the router in fp32), as training runs."""
+    (model.autocast; model.py keeps the router in fp32), as training runs."""
     prompts = as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
     fn = retiring
@@ -314,11 +313,11 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
     if len(bounds) <= 2 or max_new_tokens <= 0:
-        with cpu_threads(THREADS if cpu else 0), common.autocast(next(model.parameters()).device):
+        with cpu_threads(THREADS if cpu else 0), autocast(next(model.parameters()).device):
             return fn(model, prompts, max_new_tokens, generator=generator, past=past, **kw)
     seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
 
-    def share(i):   # several streams on CPU only, where common.autocast is a no-op
+    def share(i):   # several streams on CPU only, where autocast is a no-op
         a, b = bounds[i], bounds[i + 1]
         g = torch.Generator().manual_seed(seeds[i])
         return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from infra import common
 from data import corpus
 from tokenizer import Tokenizer
-from model import GPT
+from model import GPT, autocast
 
 PRESETS = {
     "smoke": dict(n_mtp=1, steps=20, micro_batch=8, seq_len=128, lr=3e-3, warmup_steps=4, val_tokens=4096,
@@ -163,7 +163,7 @@ def main(argv=None):
               * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        with common.autocast(device):
+        with autocast(device):
             loss, agree = distill(model, x, y if args.train_trunk else None)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -44,7 +44,7 @@ import env
 from data import repair
 from data import repos
 from data import tasks
-from model import GPT, GPTConfig, MoE, add_tokens, extend_context
+from model import GPT, GPTConfig, MoE, add_tokens, autocast, extend_context
 from tokenizer import Tokenizer
 
 # Presets. A name with a flag is a default that the flag overrides; the others (n_head, n_kv_head,
@@ -246,7 +246,7 @@ PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_f
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
 DATA_CODE = ("data/corpus.py", "data/tasks.py", "data/world.py", "data/families.py", "data/repair.py",
              "data/repos.py", "tokenizer.py",
-             "env.py", "sandbox/worker.py")    # the harness whose observations the transcripts hold
+             "env.py", "sandbox.py")    # the harness whose observations the transcripts hold
 
 
 def prepared_data():
@@ -409,7 +409,7 @@ def evaluate():
         xs, ys = xs.view(n, T), ys.view(n, T)
         s = np.zeros(4)   # nats (all targets), targets, nats (targets with bytes), bytes
         for i in range(0, n, mbs):
-            with common.autocast(device):
+            with autocast(device):
                 logits, _ = raw(xs[i:i + mbs])
             y = ys[i:i + mbs].reshape(-1)
             keep = y >= 0
@@ -481,7 +481,7 @@ def train_step(step):
     for m in range(accum):
         x, y = corpus.inputs_targets(xy[m * mbs:(m + 1) * mbs], tok.vocab_size)
         with model.no_sync() if ddp and m < accum - 1 else nullcontext():   # all-reduce once per step
-            with common.autocast(device):
+            with autocast(device):
                 _, loss = model(x, y)       # cross-entropy + the MoE balancing terms
             (loss / accum).backward()
         loss_sum += loss.detach()

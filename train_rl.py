@@ -25,11 +25,11 @@ One step is rl_step(ctx, step), in this order:
   loss       micro_batch_loss over the micro-batches (training_batches): token_logprobs with router
              replay -> ppo_token_loss x token_weights, backward
   step       optimizer.step(), then model.after_optimizer_step() (the MoE's aux-free routing bias)
-main() loops it, then scores a canary task (score_canary), records the step (rl/metrics.py),
+main() loops it, then scores a canary task (score_canary), records the step (rl/rollouts.py record),
 evaluates on held-out tasks (held_out) and checkpoints. Artefacts in --out-dir: ckpt.pt (model,
 tokenizer, optimizer, the sampler's state, RNG, args), metrics.jsonl (one line per step, plus eval
 lines). The last stdout line is a JSON summary. rl/algo.py holds the algorithm as pure functions,
-rl/rollouts.py the sampling half of the step, rl/metrics.py what a run records.
+rl/rollouts.py the sampling half of the step and what a run records.
 """
 import argparse
 import os
@@ -46,11 +46,12 @@ from tqdm import tqdm
 
 from infra import common, plan
 import env
-from sandbox.pool import SandboxPool
+from model import autocast
+from sandbox import SandboxPool
 from rl.algo import (Sequence, batch_tensors, group_advantages, micro_batches, pass_sums, ppo_token_loss,
                      token_logprobs, token_weights)
 import eval as evaluation
-from rl.metrics import new_stats, record, summarize_run
+from rl.rollouts import new_stats, record, summarize_run
 from rl import rollouts
 from data.repos import canary_repo_tasks, generate_repo_tasks
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
@@ -226,7 +227,7 @@ def main(argv=None, **settings):
 def rl_step(ctx, step):
     """One optimizer step of group-relative RL, sample -> reward -> advantage -> loss -> step (Dr.
     GRPO advantages, DAPO's dynamic sampling and clip-higher, router replay). Returns the step's
-    statistics (rl/metrics.py new_stats). Every rank takes part, with or without groups of its own."""
+    statistics (rl/rollouts.py new_stats). Every rank takes part, with or without groups of its own."""
     args, model, optimizer = ctx.args, ctx.model, ctx.optimizer
     stats = new_stats(args)
     # sample -> reward -> advantage, in rounds, until this rank has its share of groups with signal
@@ -331,7 +332,7 @@ def micro_batch_loss(ctx, batch, adv, counts, stats, epoch):
     layout = {k: x.to(dev, non_blocking=True) for k, x in batch.layout.items()}
     adv = torch.tensor(adv, dtype=torch.float32).to(dev, non_blocking=True)
     mask = (tgt >= 0).float()
-    with common.autocast(dev):
+    with autocast(dev):
         logp, entropy = token_logprobs(model, batch.idx.to(dev, non_blocking=True), tgt,
                                        batch.routes.to(dev, non_blocking=True) if ctx.replay else None,
                                        args.temperature, valid, **layout)

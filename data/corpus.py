@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from infra import common
+from model import autocast
 import tokenizer
 from tokenizer import Tokenizer, train_tokenizer
 
@@ -326,7 +327,7 @@ def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
                 ys.append(w[1:] + [-1] * pad)
             x = torch.tensor(xs, device=device)
             y = torch.tensor(ys, device=device).view(-1)
-            with common.autocast(device):
+            with autocast(device):
                 logits, _ = model(x)
             nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.clamp(min=0), reduction="none")
             x_nats, x_bytes = nats_and_bytes_of(nll, y, nbytes)
@@ -352,7 +353,7 @@ def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     documents, joined as nats_and_bytes joins them and cut into windows of seq_len: the share of slots
     whose level-m argmax is the main head's argmax there (slots m and on: before them a level reads
     zeros). At temperature 0 it is the share of drafts speculative decoding keeps (when the drafts
-    before them were kept). Accepts strings or lists of token ids. Under common.autocast, as the
+    before them were kept). Accepts strings or lists of token ids. Under model.autocast, as the
     drafting runs (bf16 on a GPU: the fused attention kernels and the MoE's sync-free dispatch)."""
     device, T = next(model.parameters()).device, model.config.seq_len
     stream = token_stream(tok, texts_or_tokens, max_tokens)
@@ -364,7 +365,7 @@ def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
         for i in range(0, n, batch_size):
             xb = x[i:i + batch_size]
             pos = torch.arange(xb.size(1), device=device)[None]
-            with common.autocast(device):
+            with autocast(device):
                 h, _ = model.trunk(xb, pos)
                 main = model.lm_head(h).argmax(-1)
                 for m, logits in enumerate(model.mtp_logits(h, xb, pos), 1):

@@ -24,7 +24,7 @@ import time
 from contextlib import nullcontext
 
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data import tasks
 from data import world
 from infra.cli import ArgumentParser   # argparse errors: one line `error: ...`, exit code 2

@@ -836,7 +836,7 @@ def agent_source(args, tok, chunk=256):
     the oracle's episodes of train repository tasks, LONG_SHARE of them long (in BOOT_MEMORIES), a chunk
     at a time (the --source-mb cap stops it)."""
     from data.tasks import parse_difficulties
-    from sandbox.pool import SandboxPool
+    from sandbox import SandboxPool
     levels = parse_difficulties(args.task_difficulties)
     with SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):

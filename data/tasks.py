@@ -39,7 +39,7 @@ import textwrap
 import time
 
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from infra.cli import ArgumentParser, die   # bad input: one line `error: ...`, exit code 2
 from data import families as fam   # the 8 template families (data); world.py is the ninth
 from data import world

@@ -9,7 +9,7 @@ while every script still reads top to bottom.
 import argparse
 import json
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -82,14 +82,6 @@ def pick_device(name="auto"):
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def autocast(device):
-    """bf16 autocast on CUDA (the router stays fp32 inside model.py); plain fp32 on CPU, where
-    bf16 matmuls are slower than fp32 on most CPUs and would only add noise to tests."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 # ---------------------------------------------------------------------------------------------

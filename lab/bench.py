@@ -55,6 +55,7 @@ import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 sys.path.insert(0, ROOT)
+from model import autocast  # noqa: E402  (bf16 on CUDA, as the trainers)
 
 
 CPU = torch.device("cpu")
@@ -91,9 +92,8 @@ def on_device(device, threads):
     """Where model work runs: on CPU on `threads` torch threads (sampling.cpu_threads, 0: torch's
     setting), on CUDA under bf16 autocast as the trainers and sampling.generate run it (the
     CPU's thread count does not matter there)."""
-    from infra import common
     import sampling
-    return sampling.cpu_threads(threads) if device.type == "cpu" else common.autocast(device)
+    return sampling.cpu_threads(threads) if device.type == "cpu" else autocast(device)
 
 
 def eager_generate(model, *args, **kw):
@@ -123,7 +123,6 @@ def moe_vs_dense(B, T, reps, device):
     """MoE vs dense, equal active parameters: GPTConfig() is 8 experts top-2 + 1 shared (bias balancing,
     as the presets); n_expert=1 makes every MLP dense with width (top_k + n_shared) * expert_hidden.
     Steps are interleaved so that machine noise hits both models alike. Returns (figures, the MoE model)."""
-    from infra import common
     from model import GPT, GPTConfig
     x = torch.randint(0, 8192, (B, T + 1)).to(device)
 
@@ -133,7 +132,7 @@ def moe_vs_dense(B, T, reps, device):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step():
-            with common.autocast(device):   # bf16 on CUDA, as the trainers; the backward outside it
+            with autocast(device):   # bf16 on CUDA, as the trainers; the backward outside it
                 _, loss = model(x[:, :-1], x[:, 1:])
             loss.backward()
             opt.step()
@@ -155,7 +154,6 @@ def moe_vs_dense(B, T, reps, device):
 
 def kv_cache_vs_recompute(model, out, N, reps, quick, device):
     """KV cache vs recomputing the whole context for every new token (greedy, batch 4, N tokens)."""
-    from infra import common
     Bg, P = 4, 32
     prompts = [list(range(1 + i, P + 1 + i)) for i in range(Bg)]
     t_kv = best_time(lambda: eager_generate(model, prompts, N, temperature=0), reps, device)
@@ -163,13 +161,13 @@ def kv_cache_vs_recompute(model, out, N, reps, quick, device):
     @torch.no_grad()
     def recompute(steps):
         seq = torch.tensor(prompts, device=device)
-        with common.autocast(device):
+        with autocast(device):
             for _ in range(steps):
                 logits, _ = model(seq)
                 seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
 
     def forward(T):
-        with torch.no_grad(), common.autocast(device):
+        with torch.no_grad(), autocast(device):
             model(torch.randint(0, 8192, (Bg, T), device=device))
     n_re = 64
     extrapolate = quick and N > n_re
@@ -311,7 +309,7 @@ def bench_generation(quick, device=CPU):
     pool = SandboxPool(timeout_s=1.0)
 
     def forward():
-        with torch.no_grad(), common.autocast(device):
+        with torch.no_grad(), autocast(device):
             model(x)
         return x.numel()
 
@@ -717,7 +715,7 @@ PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": benc
          "compiled": bench_compiled, "speculative": bench_speculative, "episodes": bench_episodes}
 
 from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `error: ...`, exit code 2)
-from sandbox.pool import SandboxPool  # noqa: E402
+from sandbox import SandboxPool  # noqa: E402
 
 if __name__ == "__main__":
     parser = ArgumentParser(prog="python -m lab.bench", description=__doc__,

@@ -44,7 +44,7 @@ sys.path.insert(0, root)
 sys.argv = [os.path.join(root, script)] + sys.argv[4:]
 import torch
 from data import corpus, tasks
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 spent, depth = [None], [0]
 
 
@@ -300,6 +300,7 @@ def gpu_check_train_syncs(ckpt, device, preset):
     from infra import common
     from rl.algo import batch_tensors, segments
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
+    from sandbox import SandboxPool
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
     import env
     with SandboxPool(workers=1) as pool:

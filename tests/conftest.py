@@ -3,7 +3,7 @@ import os
 import sys
 
 import pytest
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 
 # OpenMP threads that spin while waiting steal the CPU from the sandbox's processes on a small
 # machine; the scripts set this too, but it only counts if it is set before torch is imported.
@@ -17,6 +17,5 @@ if ROOT not in sys.path:
 @pytest.fixture(scope="module")
 def pool():
     """A sandbox pool per test module (a module may define its own, e.g. with another timeout)."""
-    import env
     with SandboxPool(workers=2, timeout_s=2.0) as p:
         yield p

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infra import common  # noqa: E402
-from rl.metrics import reduce_stats  # noqa: E402
+from rl.rollouts import reduce_stats  # noqa: E402
 import train_rl  # noqa: E402
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import agent  # noqa: E402
 from infra import common  # noqa: E402
 import env  # noqa: E402
-from sandbox.pool import Result  # noqa: E402
+from sandbox import Result  # noqa: E402
 import sampling  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from data.tasks import Task, generate_tasks, load_humaneval  # noqa: E402
@@ -153,7 +152,6 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     to their task's, and the training forward over them (their shared context packed once, router
     replay) reproduces the sampler's log-probs. The random model solves nothing, so the test calls
     the first attempt of tasks 0 and 1, and the first repair of each group, a pass."""
-    from rl import metrics as rl_metrics
     from rl import rollouts
     import train_rl
     model, tok, path = tiny
@@ -238,7 +236,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         resub, failed = one_round()
         assert [s.repeat for s in seen["repairs"]] == [k % 4 == 1 for k in range(8)]
         assert resub["repair_repeats"] == 2
-        rl_metrics.record(ctx, 0, resub, tqdm(disable=True))
+        rollouts.record(ctx, 0, resub, tqdm(disable=True))
         with open(ctx.metrics_path) as f:
             assert json.loads(f.read().splitlines()[-1])["repair_repeat_rate"] == 0.25
         assert [len(g) for g in failed] == [4, 4]         # the first attempts' groups, no repair group
@@ -256,7 +254,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
         second = train_rl.rl_step(ctx, 1)
         assert second["trained_seqs"] == 2 * 4 and second["rounds"] == 0 and second["n_scored"] == 0
         assert ctx.state["queue"] == []
-        rl_metrics.record(ctx, 1, second, tqdm(disable=True))    # no rates of a step that sampled nothing
+        rollouts.record(ctx, 1, second, tqdm(disable=True))    # no rates of a step that sampled nothing
         with open(ctx.metrics_path) as f:
             rec = json.loads(f.read().splitlines()[-1])
         assert rec["reward"] is None and rec["pass_rate"] is None and rec["repair_pass_rate"] is None

@@ -9,7 +9,7 @@ import torch
 
 from data import corpus
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data.tasks import generate_tasks, load_humaneval
 from data import repair
 from data import tasks  # noqa: E402
@@ -101,7 +101,6 @@ def test_prepared_agent_cache_holds_tool_tokens_and_marks_context(tmp_path):
     as context (id + vocab size, no target); the actions are targets. Fails when prepare encodes a
     transcript as plain text."""
     import numpy as np
-    import env
     from data import repos
     from tokenizer import train_tokenizer
     ts = repos.generate_repo_tasks("train", 12, seed=0, difficulties=[1, 2])

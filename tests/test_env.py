@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data import families
 from data import tasks
 

@@ -13,7 +13,7 @@ import torch
 from infra import common
 from data import corpus
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data.tasks import generate_tasks
 import eval as ev
 from rl import algo

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data import repair
 from data.tasks import generate_tasks
 from test_pretrain import run, train_text

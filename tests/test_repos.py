@@ -15,7 +15,7 @@ import pytest
 import env
 from data import repos
 from data.tasks import parse_difficulties
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

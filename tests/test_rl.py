@@ -17,11 +17,10 @@ from types import SimpleNamespace
 
 from infra import common
 import env
-from sandbox.pool import Result
+from sandbox import Result
 import sampling
 from data.tasks import generate_tasks
 from rl import algo as rl
-from rl import metrics as rl_metrics
 from rl import rollouts
 import train_rl
 from model import GPT, GPTConfig
@@ -152,7 +151,7 @@ def test_prefilter_keeps_the_tasks_likeliest_to_give_a_mixed_group(tiny_ckpt, mo
     monkeypatch.setattr(rollouts, "token_logprobs", fake_logprobs)
     args = SimpleNamespace(max_new_tokens=96, micro_batch=4, temperature=1.0, group_size=8)
     ctx = SimpleNamespace(model=model, tok=tok, args=args, device=torch.device("cpu"))
-    stats = rl_metrics.new_stats(SimpleNamespace(ppo_epochs=1))
+    stats = rollouts.new_stats(SimpleNamespace(ppo_epochs=1))
     kept = rollouts.prefilter(ctx, cands, 2, stats)
     assert [t.task_id for t in kept] == [cands[1].task_id, cands[3].task_id]
     assert fed == [min(len(tok.encode(t.solution)) + 1, 96) for t in cands]   # each reference body + end-of-text, cut
@@ -262,7 +261,7 @@ def test_padding_batch_runs_the_moe_and_adds_nothing():
                            group_size=2, max_new_tokens=8, moe_aux_scale=0.0, ppo_epochs=1)
     ctx = SimpleNamespace(args=args, model=model, device=torch.device("cpu"), replay=True,
                           tok=SimpleNamespace(eot_id=1, pad_id=0))
-    stats = rl_metrics.new_stats(args)
+    stats = rollouts.new_stats(args)
     train_rl.micro_batch_loss(ctx, train_rl.padding_batch(ctx), [0.0], train_rl.Counts(4, 10, 30, 1), stats, 0)
     assert all(m.load is not None and m.load.sum() == 0 for m in model.moe_layers())
     assert all(q.grad is None or not q.grad.any() for q in model.parameters())
@@ -742,7 +741,7 @@ def test_a_training_micro_batch_reads_nothing_back_from_the_device(pack):
                            group_size=2, max_new_tokens=6, moe_aux_scale=0.0, ppo_epochs=1)
     ctx = SimpleNamespace(args=args, model=model, device=torch.device("cpu"), replay=True)
     counts = train_rl.Counts(4, float((batch.tgt >= 0).sum()), float(batch.valid.sum()), 1)
-    stats = rl_metrics.new_stats(args)
+    stats = rollouts.new_stats(args)
     _, n = gpu_check.count_host_syncs(
         lambda: train_rl.micro_batch_loss(ctx, batch, [1.0, -1.0, 0.5, -0.5], counts, stats, 0), torch.device("cpu"))
     assert n == 0

@@ -14,8 +14,8 @@ import time
 import pytest
 
 import env
-from sandbox import pool as sandbox_pool
-from sandbox.pool import SandboxPool
+import sandbox as sandbox_pool
+from sandbox import SandboxPool
 from data.tasks import Task, load_humaneval
 
 SECRET = "hunter2-do-not-leak"
@@ -477,14 +477,14 @@ def _checkout_under_tmp():
     for name in os.listdir(root):                 # every module, so a split file cannot go missing
         if name.endswith(".py"):
             shutil.copy(os.path.join(root, name), os.path.join(top, name))
-        elif name in ("data", "infra", "rl", "sandbox"):
+        elif name in ("data", "infra", "rl"):
             shutil.copytree(os.path.join(root, name), os.path.join(top, name),
                             ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     os.path.join(top, "venv")], check=True, timeout=120)
     return top, os.path.join(top, "venv", "bin", "python")
 
-_TMP_RUN = ("import env, warnings\nfrom data import tasks\nfrom sandbox.pool import SandboxPool\n"
+_TMP_RUN = ("import env, warnings\nfrom data import tasks\nfrom sandbox import SandboxPool\n"
             "warnings.simplefilter('ignore')\n"
             "SandboxPool._namespaces = {ns}\n"
             "t = tasks.Task('t', 'def f(x):\\n', 'f', inputs=[[1]], outputs=[2])\n"
@@ -518,7 +518,7 @@ def test_zygote_exec_failure_says_why():
     """A zygote that cannot start is a one-line error naming the interpreter, not a bare EOF."""
     import subprocess
     import sys
-    code = ("import sys\nsys.path.insert(0, 'sandbox')\nimport worker as w\nsys.executable = '/nonexistent/python'\n"
+    code = ("import sys\nimport sandbox as w\nsys.executable = '/nonexistent/python'\n"
             "cfg = dict(timeout=1, memory_mb=64, file_mb=1, output_bytes=1024, result_bytes=1024, tmpfs_mb=64,\n"
             "           uid_base=1000000, preload=[], tmpdir=sys.argv[1], fallback=True)\n"
             "w.Supervisor(cfg)\n")

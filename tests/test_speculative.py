@@ -265,12 +265,11 @@ def test_distill_agreement_and_the_interactive_path(trained2, monkeypatch):
 
 
 def test_mtp_agreement_runs_as_the_drafting_does(monkeypatch):
-    """corpus.mtp_agreement scores under common.autocast, as speculative decoding drafts (bf16 on a
+    """corpus.mtp_agreement scores under model.autocast, as speculative decoding drafts (bf16 on a
     GPU): measured in fp32 there it would take the math attention kernel and the syncing MoE path,
     and score other numbers than the drafts'."""
-    from infra import common
-    seen, real = [], common.autocast
-    monkeypatch.setattr(common, "autocast", lambda device: seen.append(device.type) or real(device))
+    seen, real = [], corpus.autocast
+    monkeypatch.setattr(corpus, "autocast", lambda device: seen.append(device.type) or real(device))
     assert len(corpus.mtp_agreement(tiny(2), SimpleNamespace(eot_id=0), [list(range(1, 60))])) == 2
     assert seen == ["cpu"]
 

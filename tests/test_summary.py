@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import env
-from sandbox.pool import Result
+from sandbox import Result
 import rl.algo as rl
 from data.repos import generate_agent_tasks, generate_repo_tasks, solved_files, transcripts
 from env import summary_text

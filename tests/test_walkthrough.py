@@ -50,7 +50,7 @@ def test_the_reading_path_is_covered_within_its_budget():
     for must in ("model.py GPT.forward", "model.py MoE.forward", "model.py MoE.experts", "sampling.py reference",
                  "train_pretrain.py train_step", "train_rl.py rl_step", "train_rl.py sample_round",
                  "rl/rollouts.py rewards", "rl/algo.py group_advantages", "rl/algo.py ppo_token_loss",
-                 "train_rl.py micro_batch_loss", "sandbox/pool.py SandboxPool.submit_batch", "rl/algo.py pass_at_k"):
+                 "train_rl.py micro_batch_loss", "sandbox.py SandboxPool.submit_batch", "rl/algo.py pass_at_k"):
         assert must in names, must
     total = sum(m["code"].count("\n") for m in quotes())
     assert total <= MAX_LINES, f"{total} quoted lines"

@@ -8,7 +8,7 @@ import random
 import pytest
 
 import env
-from sandbox.pool import SandboxPool
+from sandbox import SandboxPool
 from data import tasks
 from data import world
 from data.world import DICT, INT, INTS, STR, WORDS, Program, PRIMS

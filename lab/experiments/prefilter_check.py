@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from infra import common  # noqa: E402
 import env  # noqa: E402
-from sandbox.pool import SandboxPool  # noqa: E402
+from sandbox import SandboxPool  # noqa: E402
 from rl import rollouts  # noqa: E402
 from data.tasks import generate_tasks, parse_difficulties  # noqa: E402
 
