@@ -116,8 +116,10 @@ def project_task(files, test_file, issue):
     return SimpleNamespace(task_id="user/repo", files=files, issue=issue, test_file=test_file, inputs=None)
 
 
-def show_tools(tok, task, tools, episode, verdict, out=sys.stdout):
-    """An agent episode as the model saw it: the prompt, then each action and its observation."""
+def show_tools(tok, task, tools, episode, verdict, out=None):
+    """An agent episode as the model saw it: the prompt, then each action and its observation (to out,
+    default: sys.stdout as it is at the call)."""
+    out = out or sys.stdout
     print(tools.prompt(task), end="", file=out)
     for t, x in enumerate(episode.turns, 1):
         action = tok.decode(x.tokens)
@@ -225,7 +227,9 @@ def run_repo(args, model, tok, gen):
                           "ckpt": args.ckpt})
 
 
-def show(task, episode, out=sys.stdout):
+def show(task, episode, out=None):
+    """A feedback episode: the prompt, then each attempt with its verdicts (to out, default: sys.stdout)."""
+    out = out or sys.stdout
     print(env.render_prompt(task), end="", file=out)
     for t, (x, r) in enumerate(zip(episode.turns, episode.results), 1):
         seen = {None: "", True: ", visible examples: pass",

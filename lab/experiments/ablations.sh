@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The ablations of the README's recipe table, each against the recipe, over seeds, from one checkpoint: every
 # RL flag the table names (one RL run per variant and seed), and the MoE balancing of pretraining (aux loss,
-# none; one pretraining run each, then RL). Router replay (router_replay.sh), dense vs MoE (dense_vs_moe.sh)
-# and the pretraining budget (cpt_budget.sh) have experiments of their own; --over-cap mask, --n-mtp /
-# --train-trunk and agent.py --no-speculative are documented commands (docs/agent.md, docs/speculative.md).
+# none; one pretraining run each, then RL). Router replay (router_replay.sh), dense vs MoE (dense_vs_moe.sh),
+# the pretraining budget (cpt_budget.sh) and the agent's memory (memory.sh: --memory) have experiments of
+# their own; --n-mtp / --train-trunk and agent.py --no-speculative are documented commands (docs/agent.md,
+# docs/speculative.md).
 #   PRESET=smoke OUT=/tmp/ab bash lab/experiments/ablations.sh            # wiring check, a few minutes on 2 cores
 #   CKPT=runs/cpu/pretrain/ckpt.pt bash lab/experiments/ablations.sh     # cpu preset: ~14 min per RL run
 #   VARIANTS="recipe grpo" SEEDS="0 1" bash lab/experiments/ablations.sh
