@@ -550,18 +550,20 @@ def keep_context(e, feed, used, room):
 
 
 class Tools:
-    """The repository agent's tool set (env.run_episodes runs it): ls, read, edit, test, submit on
-    the episode's own copy of the task's files. actions: the ones allowed (the no-tools and oracle
-    baselines allow edit and submit only); inline: files written into the prompt (the oracle: all);
+    """The repository agent's tool set (env.run_episodes runs it): ls, read, grep, run, edit, test,
+    submit on the episode's own copy of the task's files. actions: the ones allowed (eval's no_run
+    baseline has no test or run); inline: files written into the prompt (eval's oracle: all);
     max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors).
     memory: how an episode goes on when its context passes the threshold of its window of tokens
     (summary_at): None, it goes on until the model's context is full, then ends; "summary", the
-    summary turn, at most max_summaries times (then it ends: "summary_cap"); "window", the oldest
-    turns are dropped (eval's sliding-window baseline)."""
+    summary turn, at most max_summaries times (then it ends: "summary_cap"; 5: the oracle policy's
+    long episodes need up to 5 in a 640-token window, 3 left 12 of 40 without a submit); "mask" and
+    "window", the context is rebuilt (rebuild); "oracle", the harness writes the summary (eval's
+    ceiling)."""
     stop_tokens = ("<|end|>",)
 
     def __init__(self, actions=ACTIONS, max_actions=12, max_errors=2, inline=False, memory=None, window=None,
-                 max_summaries=3):
+                 max_summaries=5):
         if memory not in (None,) + MEMORIES or (memory and not window):
             raise ValueError(f"memory must be None or one of {MEMORIES} (with a window), got {memory!r}")
         self.actions, self.max_actions, self.max_errors = actions, max_actions, max_errors
