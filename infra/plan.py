@@ -199,8 +199,7 @@ def rl_plan(args, world):
     evals = (args.steps // args.eval_every if args.eval_every else 0) + 2
     eval_s = evals * args.eval_tasks * args.eval_n * seq * fpt / 3 / slow
     run_min = (args.steps * step_s + eval_s) / 60
-    head_dim = cfg.n_embd // cfg.n_head
-    kv = args.gen_batch * seq * cfg.n_layer * 2 * cfg.n_kv_head * head_dim * 2
+    kv = args.gen_batch * seq * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_width * 2
     ref = 2 * n_total if args.kl_coef else 0
     finish_plan({
         "script": "train_rl.py", "preset": args.preset, "world_size": world, "device_type": name,
