@@ -199,6 +199,9 @@ class Tokenizer:
 
     @staticmethod
     def from_dict(d: dict) -> "Tokenizer":
+        if isinstance(d, dict) and d.get("format") == "hf-bpe-v1":   # a Hugging Face tokenizer.json's (hf.py)
+            from hf import HFTokenizer
+            return HFTokenizer.from_dict(d)
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             found = d.get("format") if isinstance(d, dict) else None
             raise ValueError(f"not a {FORMAT} tokenizer (format={found!r})")

@@ -176,6 +176,9 @@ def rl_plan(args, world):
     if args.init_from and os.path.isfile(args.init_from):
         ck = torch.load(args.init_from, map_location="cpu", mmap=True, weights_only=False)
         cfg = GPTConfig(**ck["model_config"])
+    elif args.init_from and os.path.isdir(args.init_from):       # a Hugging Face model directory: config.json
+        from infra.common import load_checkpoint
+        cfg = load_checkpoint(args.init_from, "meta")[0].config
     else:
         import subprocess
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
