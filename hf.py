@@ -2,9 +2,15 @@
 Open weights in, open weights out: a Hugging Face model directory (config.json, *.safetensors,
 tokenizer.json) read as this project's GPT and Tokenizer, and a checkpoint written back as one.
 
-    python hf.py export runs/rl/ckpt.pt out/my-model     # config.json + model.safetensors + tokenizer.json
+    python hf.py export runs/rl/ckpt.pt --out-dir out/my-model   # config.json, *.safetensors, tokenizer.json
     python hf.py check out/my-model                      # our forward vs transformers' (test-only package)
     python train_pretrain.py --init-from ~/models/granite-3.0-1b-a400m-base ...   # any --init-from / --ckpt
+
+As every script, each command ends with one JSON line on stdout (export: what it wrote; check: its
+figures), and bad input (no such checkpoint or directory, a malformed config.json, an architecture or
+option this file does not read) is one `error: ...` line and exit code 2. No --preset: hf.py trains
+nothing and has no run settings for a preset to set. export writes into --out-dir; check writes
+nothing (its exit code is 1 when the model is not exact).
 
 Architectures: Qwen3 (dense), Qwen3-MoE, GraniteMoe and OLMoE (tested on tiny random models of each).
 Everything Hugging Face is in this file, and it needs no Hugging Face package: safetensors is read and
@@ -37,6 +43,7 @@ import tiktoken
 import torch
 
 from infra.cli import ArgumentParser, die
+from infra.common import load_checkpoint, print_summary
 from model import GPT, GPTConfig
 from tokenizer import TOOL_TOKENS, Tokenizer
 
@@ -515,13 +522,21 @@ def tokenizer_json(tok):
 # A model directory in (infra/common.load_checkpoint calls this), a checkpoint out
 
 def read_config(path):
-    """(GPTConfig, config.json's dict) of a model directory; ValueError when it cannot be read."""
+    """(GPTConfig, config.json's dict) of a model directory; ValueError when it cannot be read, lacks a
+    field or holds a value model.py refuses."""
     try:
         with open(os.path.join(path, "config.json")) as f:
             c = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"no readable config.json in {path}: {e}") from None
-    return gpt_config(c), c
+    if not isinstance(c, dict):
+        raise ValueError(f"{path}/config.json is not a JSON object")
+    try:
+        return gpt_config(c), c
+    except KeyError as e:
+        raise ValueError(f"{path}/config.json has no {e.args[0]!r}") from None
+    except TypeError as e:       # a field of the wrong type (a string for a number, ...)
+        raise ValueError(f"{path}/config.json: {e}") from None
 
 
 def load(path, device="cpu"):
@@ -622,14 +637,24 @@ def compare(path, seed=0, n_tokens=32, length=16, batch=2):
     return report
 
 
+# What a bad model directory raises while it is read (RuntimeError: a tensor of the wrong shape)
+LOAD_ERRORS = (ValueError, KeyError, OSError, RuntimeError)
+
+
+def one_line(e):
+    """An exception as one line of an error message: its type and the first line of its text."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+
+
 def main(argv=None):
     ap = ArgumentParser(prog="hf.py", description="Hugging Face model directories: export a checkpoint as "
-                        "one, check one against transformers.")
+                        "one, check one against transformers. No --preset: nothing here trains.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="CKPT (a checkpoint or a model directory) -> DIR, which "
+    ex = sub.add_parser("export", help="CKPT (a checkpoint or a model directory) -> --out-dir DIR, which "
                         "transformers loads")
     ex.add_argument("ckpt")
-    ex.add_argument("dir")
+    ex.add_argument("--out-dir", required=True, help="the model directory to write")
     ex.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights' dtype (float32: exactly the checkpoint's)")
     ch = sub.add_parser("check", help="our forward vs transformers' on random ids (needs transformers)")
@@ -639,23 +664,32 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.cmd == "export":
-        from infra.common import load_checkpoint
+        same = os.path.isdir(args.ckpt) and os.path.isdir(args.out_dir) and \
+            os.path.samefile(args.ckpt, args.out_dir)
+        if same:
+            die(f"export: --out-dir {args.out_dir!r} is the model directory read: choose another")
         model, tok, _ = load_checkpoint(args.ckpt)
         try:
-            report = export(model, tok, args.dir, getattr(torch, args.dtype))
+            report = export(model, tok, args.out_dir, getattr(torch, args.dtype))
         except ValueError as e:
             die(f"export {args.ckpt}: {e}")
-        print(json.dumps({**report, "ckpt": args.ckpt, "wall_s": round(time.time() - t0, 1)}))
+        print_summary({**report, "ckpt": args.ckpt, "wall_s": round(time.time() - t0, 1)})
         return
     if not os.path.isdir(args.dir):
         die(f"check: no model directory at {args.dir!r}")
+    if args.tokens < 1:
+        die(f"check: --tokens must be >= 1, got {args.tokens}")
+    try:
+        read_config(args.dir)       # a bad config.json is refused before transformers is needed
+    except ValueError as e:
+        die(f"check {args.dir}: {e}")
     if importlib.util.find_spec("transformers") is None:
         die("check needs transformers (pip install transformers; a test-only dependency)")
     try:
         report = compare(args.dir, args.seed, args.tokens)
-    except ValueError as e:
-        die(f"check {args.dir}: {e}")
-    print(json.dumps({**report, "wall_s": round(time.time() - t0, 1)}))
+    except LOAD_ERRORS as e:
+        die(f"check {args.dir}: {one_line(e)}")
+    print_summary({**report, "wall_s": round(time.time() - t0, 1)})
     sys.exit(0 if report["exact"] else 1)
 
 

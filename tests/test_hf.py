@@ -262,6 +262,34 @@ def test_a_bad_model_directory_is_a_one_line_error(tmp_path, model_dirs, capsys)
         assert says in fails(capsys, lambda: common.load_checkpoint(str(tmp_path / "d")))
 
 
+def test_check_prints_one_json_line_and_refuses_bad_input(tmp_path, model_dirs, capsys):
+    """`python hf.py check DIR`: one JSON line of figures, exit code 0 when exact; a missing directory,
+    a malformed or unreadable config.json, an architecture hf.py does not read, or a missing --out-dir
+    for export: one `error: ...` line, exit code 2."""
+    with pytest.raises(SystemExit) as e:
+        hf.main(["check", model_dirs["olmoe"], "--tokens", "4"])
+    out = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])
+    assert e.value.code == 0 and len(out) == 1 and report["exact"] and report["greedy_tokens"] == 4, out
+    assert {"max_abs_logit_diff", "same_greedy", "same_experts", "same_token_ids", "wall_s"} <= set(report)
+    assert "no model directory" in fails(capsys, lambda: hf.main(["check", str(tmp_path / "nowhere")]))
+    (tmp_path / "d").mkdir()
+    assert "config.json" in fails(capsys, lambda: hf.main(["check", str(tmp_path / "d")]))   # none at all
+    c = json.load(open(os.path.join(model_dirs["qwen3"], "config.json")))
+    for text, says in [("{not json", "config.json"), ("[1, 2]", "not a JSON object"),
+                       (json.dumps({k: v for k, v in c.items() if k != "hidden_size"}), "'hidden_size'"),
+                       (json.dumps({**c, "model_type": "llama"}), "model_type 'llama'")]:
+        (tmp_path / "d" / "config.json").write_text(text)
+        assert says in fails(capsys, lambda: hf.main(["check", str(tmp_path / "d")]))
+        assert says in fails(capsys, lambda: hf.main(["export", str(tmp_path / "d"), "--out-dir",
+                                                      str(tmp_path / "o")]))
+    assert "no checkpoint" in fails(capsys, lambda: hf.main(["export", str(tmp_path / "no.pt"), "--out-dir",
+                                                             str(tmp_path / "o")]))
+    assert "--out-dir" in fails(capsys, lambda: hf.main(["export", model_dirs["qwen3"]]))
+    assert "model directory read" in fails(capsys, lambda: hf.main(["export", model_dirs["qwen3"],
+                                                                    "--out-dir", model_dirs["qwen3"]]))
+
+
 # ---------------------------------------------------------------------------------------------
 # Export: a checkpoint -> a directory transformers loads with the same logits
 
@@ -305,9 +333,11 @@ def test_export_round_trip_of_this_projects_checkpoint(tmp_path, capsys):
         for p in model.parameters():
             p.mul_(10 if p.ndim > 1 else 1)       # std 0.2, as the transformers models above
     common.save_checkpoint(tmp_path / "ck.pt", model, tok)
-    hf.main(["export", str(tmp_path / "ck.pt"), str(tmp_path / "out")])       # python hf.py export CKPT DIR
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["model_type"] == "qwen3_moe" and report["dropped_mtp"] == 1
+    hf.main(["export", str(tmp_path / "ck.pt"), "--out-dir", str(tmp_path / "out")])   # `python hf.py export`
+    out = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(out[-1])           # one JSON line: what was written
+    assert len(out) == 1 and report["model_type"] == "qwen3_moe" and report["dropped_mtp"] == 1
+    assert report["out_dir"] == str(tmp_path / "out") and report["ckpt"] == str(tmp_path / "ck.pt")
     x = torch.randint(0, tok.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
     assert (model(x)[0] - transformers_logits(str(tmp_path / "out"), x)).abs().max() <= 1e-4
     lib = tokenizers.Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
@@ -327,7 +357,7 @@ def test_export_refuses_what_no_architecture_computes(tmp_path, capsys):
         if nonzero:
             model.moe_layers()[0].bias[0] = 1e-3
         common.save_checkpoint(tmp_path / "ck.pt", model, tok)
-        export = ["export", str(tmp_path / "ck.pt"), str(tmp_path / "o")]
+        export = ["export", str(tmp_path / "ck.pt"), "--out-dir", str(tmp_path / "o")]
         assert says in fails(capsys, lambda: hf.main(export))
 
 
@@ -427,6 +457,7 @@ def test_smoke_recipe_from_a_model_directory(tmp_path, tok_files, arch):
     model, tok, _ = common.load_checkpoint(boot["ckpt"])
     assert tok.tools and model.config.vocab_size == 700 + len(TOOL_TOKENS)
     model, tok, _ = common.load_checkpoint(rl["ckpt"])
-    hf.export(model, tok, f"{out}/hf")
+    exported = run(["hf.py", "export", rl["ckpt"], "--out-dir", f"{out}/hf"])     # the script itself
+    assert exported["model_type"] == arch and exported["out_dir"] == f"{out}/hf"
     x = torch.randint(0, 700, (2, 12))
     assert (model(x)[0] - transformers_logits(f"{out}/hf", x)).abs().max() <= 1e-4
