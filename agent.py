@@ -273,7 +273,7 @@ def main(argv=None):
         common.die("--turns and --max-new-tokens must be >= 1")
     if not args.ckpt:
         common.die("--ckpt CKPT is required")
-    if not os.path.isfile(args.ckpt):
+    if not (os.path.isfile(args.ckpt) or os.path.isdir(args.ckpt)):   # a directory: a Hugging Face model's
         common.die(f"no checkpoint at {args.ckpt!r}")
     if args.repo:
         device = common.pick_device(args.device)

@@ -305,7 +305,7 @@ def parse_action(tok, tokens):
     if tokens[-1] != end:
         raise ValueError("error: the action was not closed by <|end|>")
     body = tokens[1:-1]
-    if any(t >= tok.eot_id for t in body):
+    if len(tok.text_ids(body)) != len(body):
         raise ValueError("error: one action per turn, and no special token inside it")
     return names[tokens[0]], tok.decode(body)
 
@@ -505,7 +505,7 @@ def summary_ids(tok, tokens, e):
     the model writes re-enters the context as a token of the harness."""
     end = tok.tool_ids["<|end|>"]
     body = tokens[:-1] if tokens and tokens[-1] == end else tokens
-    bad = next((k for k, t in enumerate(body) if t >= tok.eot_id), None)
+    bad = next((k for k, t in enumerate(body) if not tok.text_ids([t])), None)
     if bad is None:
         return tokens
     e.errors += 1
@@ -931,9 +931,9 @@ def as_sample(tok, g, prompt_ids, prompt_truncated=False):
     included), their log-probs, the text decoded and cut, and routes / past when generate returned
     them."""
     tokens = list(g["tokens"])
-    # ids past the BPE ranks (pad; a model vocab padded beyond the tokenizer's) have no text: they
+    # special ids (pad; any id of a model vocab padded beyond the tokenizer's) have no text: they
     # are dropped from the decoded text, not an error
-    text = tok.decode([t for t in tokens if t < tok.eot_id])
+    text = tok.decode(tok.text_ids(tokens))
     return Turn(prompt_ids, tokens, list(g["logprobs"]), text, extract_completion(text),
                 stopped=bool(tokens) and tokens[-1] == tok.eot_id, prompt_truncated=prompt_truncated,
                 routes=g.get("routes"), past=g.get("past"))

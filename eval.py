@@ -332,7 +332,7 @@ def eval_inputs(args):
     if len(set(labels)) != len(labels):
         common.die(f"labels must be distinct, got {labels}")
     for p in args.ckpt:
-        if not os.path.isfile(p):
+        if not (os.path.isfile(p) or os.path.isdir(p)):     # a directory: a Hugging Face model's (hf.py)
             common.die(f"no checkpoint at {p!r}")
     for name in ("n_tasks", "n_samples", "max_new_tokens", "batch_size", "humaneval_n", "bpb_tokens",
                  "turns"):

@@ -12,6 +12,8 @@ a routed SwiGLU MoE with shared experts after) -> RMSNorm -> untied LM head; opt
 multi-token-prediction modules after the trunk (DeepSeek-V3), which draft tokens for speculative decoding.
 Embeddings are UNTIED (as in nanochat / Llama): the input table and the output head want different
 scales at this size, and untying costs nothing in active compute.
+GPTConfig's last options (a head width of its own, q/k norm across the width or none, tied embeddings,
+Granite's multipliers, ...) are what open-weights models need (hf.py loads them); all are off by default.
 """
 import functools
 import math
@@ -56,11 +58,25 @@ class GPTConfig:
     z_loss_coef: float = 1e-3
     bias_rate: float = 1e-3
     n_mtp: int = 0                  # multi-token-prediction depth (MTP modules; 0: none, as old checkpoints)
+    # What open-weights models need (hf.py reads them from a config.json); each off by default, so the
+    # presets and every checkpoint written before them build the same model.
+    head_dim: int = 0               # 0: n_embd // n_head (Qwen3 sets its own, e.g. 128 at width 1024)
+    qk_norm: str = "head"           # "head": per head (Qwen3, ours) | "width": across the heads (OLMoE)
+                                    # | "none" (Granite)
+    rms_eps: float = 0.0            # RMSNorm epsilon; 0: torch's default (the dtype's machine epsilon)
+    norm_topk_prob: bool = True     # renormalise the chosen experts' gates to sum to 1 (False: OLMoE)
+    tie_embeddings: bool = False    # LM head = input embedding (Qwen3 0.6B-4B, Granite)
+    embedding_multiplier: float = 1.0   # Granite's four multipliers (muP-style): embeddings times this,
+    residual_multiplier: float = 1.0    # each branch's output times this before the residual add,
+    attention_multiplier: float = 0.0   # the attention softmax scale (0: 1/sqrt(head dim)),
+    logits_scaling: float = 1.0         # and the logits divided by this
 
     def __post_init__(self):
-        for ok, msg in [(self.n_embd % self.n_head == 0 and self.n_head % self.n_kv_head == 0
-                         and (self.n_embd // self.n_head) % 2 == 0, "n_embd/n_head must be an even head dim, "
+        for ok, msg in [((self.head_dim or self.n_embd % self.n_head == 0)
+                         and self.n_head % self.n_kv_head == 0 and self.head_width % 2 == 0,
+                         "n_embd/n_head (or head_dim) must be an even head dim, "
                          "n_head a multiple of n_kv_head"),
+                        (self.qk_norm in ("head", "width", "none"), "qk_norm must be head, width or none"),
                         (self.n_expert == 1 or 1 <= self.top_k <= self.n_expert,
                          "need 1 <= top_k <= n_expert"),
                         (0 <= self.n_dense_layers <= self.n_layer, "need 0 <= n_dense_layers <= n_layer"),
@@ -77,6 +93,10 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig: {name} {width} is not a multiple of 8, which the MoE's grouped "
                                  f"matmul needs on a GPU: use {name} {-(-width // 8) * 8} "
                                  f"(--{name.replace('_', '-')})")
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
 
     @property
     def mlp_hidden(self) -> int:
@@ -101,6 +121,11 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)
 
 
+def rms_norm(width, cfg):
+    """nn.RMSNorm with the config's epsilon (rms_eps 0: torch's default, as every preset)."""
+    return nn.RMSNorm(width, eps=cfg.rms_eps or None)
+
+
 class Attention(nn.Module):
     # "auto" | "native" | "matched": how grouped-query heads meet a mask (see attend). auto: matched
     # on CUDA when a mask is given. Like MoE.dispatch, a class attribute that changes speed only.
@@ -109,12 +134,17 @@ class Attention(nn.Module):
     def __init__(self, cfg, layer_idx):
         super().__init__()
         self.layer_idx, self.n_head, self.n_kv_head = layer_idx, cfg.n_head, cfg.n_kv_head
-        self.head_dim = cfg.n_embd // cfg.n_head
+        self.head_dim, self.qk_norm = cfg.head_width, cfg.qk_norm
+        self.scale = cfg.attention_multiplier or None      # None: SDPA's 1/sqrt(head_dim)
         self.qkv = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * self.head_dim, bias=False)
         self.proj = nn.Linear(cfg.n_head * self.head_dim, cfg.n_embd, bias=False)
         # QK-norm (OLMo 2, Gemma 3): normalising q and k per head bounds the attention logits, which
-        # removes the loss spikes that come from logit growth; cheap and helps at any scale.
-        self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
+        # removes the loss spikes that come from logit growth; cheap and helps at any scale. OLMoE
+        # normalises q and k across all heads at once ("width"); Granite has none.
+        if cfg.qk_norm != "none":
+            wq, wk = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else \
+                (cfg.n_head * self.head_dim, cfg.n_kv_head * self.head_dim)
+            self.q_norm, self.k_norm = rms_norm(wq, cfg), rms_norm(wk, cfg)
 
     def forward(self, x, cos, sin, cache=None, mask=None):
         """cache: keys/values of earlier tokens (generation; infra/sampling.KVCache): update() stores this
@@ -122,11 +152,14 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
                                      self.n_kv_head * self.head_dim], dim=-1)
+        if self.qk_norm == "width":
+            q, k = self.q_norm(q.float()), self.k_norm(k.float())
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q = apply_rope(self.q_norm(q.float()), cos, sin).to(v.dtype)
-        k = apply_rope(self.k_norm(k.float()), cos, sin).to(v.dtype)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q.float()), self.k_norm(k.float())
+        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         # mask=None: plain causal (training, or a prefill without padding); one new token without
@@ -134,29 +167,30 @@ class Attention(nn.Module):
         # comparison of T with the cache length, a symbolic bool under torch.compile, never runs.)
         causal = mask is None and T > 1 and T == k.size(2)
         matched = self.gqa == "matched" or (self.gqa == "auto" and q.is_cuda and mask is not None)
-        y = attend(q, k, v, mask, causal, matched)
+        y = attend(q, k, v, mask, causal, matched, self.scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def attend(q, k, v, mask, causal, matched):
+def attend(q, k, v, mask, causal, matched, scale=None):
     """F.scaled_dot_product_attention, grouped-query: q (B, H, T, D), k and v (B, H_kv, S, D).
     matched=False: enable_gqa. With a mask on CUDA that falls to the math backend (flash takes no
     mask, memory-efficient attention no enable_gqa), which writes out (B, H, T, S) scores: packed RL
     rows (rl/algo.block_mask) and left-padded decoding. matched=True brings the heads to one count
     first, so that memory-efficient attention takes the call: one query token (a decode step) folds
     its H / H_kv query heads into the query length, one mask row serving all of them, at no copy;
-    longer queries repeat each key/value head for its query heads."""
+    longer queries repeat each key/value head for its query heads. scale: the softmax's, None = 1/sqrt(D)."""
     if not matched or q.size(1) == k.size(1):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
+                                              scale=scale)
     B, H, T, D = q.shape
     G = H // k.size(1)
     if T == 1:
         # reshape, not view: CUDA's memory-efficient kernel returns (B, H_kv, G, D) laid out as
         # (B, G, H_kv, D) (torch's meta registration for it says so); CPU's happens to be contiguous
-        y = F.scaled_dot_product_attention(q.reshape(B, -1, G, D), k, v, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q.reshape(B, -1, G, D), k, v, attn_mask=mask, scale=scale)
         return y.reshape(B, H, 1, D)
     k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,9 +280,10 @@ class MoE(nn.Module):
             topi = route.reshape(-1, self.k).to(x.device, torch.long)
         # ... while the gates still come from this router, so it keeps receiving gradients.
         gates = probs.gather(-1, topi)
-        # Renormalise over the chosen k (OLMoE, Mixtral). With top_k=1 the gate is then 1 and the router
-        # learns from the balancing terms only; use top_k >= 2.
-        gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-20)
+        # Renormalise over the chosen k (Mixtral, Qwen3-MoE). With top_k=1 the gate is then 1 and the router
+        # learns from the balancing terms only; use top_k >= 2. OLMoE keeps the raw probabilities.
+        if self.cfg.norm_topk_prob:
+            gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-20)
         path = self.path(x)      # the sorted dispatch, or a speed path (below)
         y = self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
             self.experts(x, topi, gates, grouped=path == "grouped")
@@ -347,18 +382,23 @@ class Block(nn.Module):
     def __init__(self, cfg, i, dense=False):
         super().__init__()
         self.is_moe = not dense and cfg.n_expert > 1 and i >= cfg.n_dense_layers
-        self.norm1, self.norm2 = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
+        self.norm1, self.norm2 = rms_norm(cfg.n_embd, cfg), rms_norm(cfg.n_embd, cfg)
         self.attn = Attention(cfg, i)
         self.mlp = MoE(cfg) if self.is_moe else MLP(cfg.n_embd, cfg.mlp_hidden)
+        self.mult = cfg.residual_multiplier
+
+    def branch(self, y):
+        """A branch's output as it joins the residual stream: Granite scales it, every other model not."""
+        return y if self.mult == 1 else self.mult * y
 
     def forward(self, x, cos, sin, cache=None, mask=None, route=None, valid=None):
         """-> the new residual stream, and the experts its MoE chose (None in a dense block)."""
-        x = x + self.attn(self.norm1(x), cos, sin, cache, mask)
+        x = x + self.branch(self.attn(self.norm1(x), cos, sin, cache, mask))
         h = self.norm2(x)
         if not self.is_moe:
-            return x + self.mlp(h), None
+            return x + self.branch(self.mlp(h)), None
         y, topi = self.mlp(h, route, valid, track=cache is None)
-        return x + y, topi
+        return x + self.branch(y), topi
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,8 +416,8 @@ class MTP(nn.Module):
 
     def __init__(self, cfg, m):
         super().__init__()
-        self.norm_h, self.norm_e = nn.RMSNorm(cfg.n_embd), nn.RMSNorm(cfg.n_embd)
-        self.norm = nn.RMSNorm(cfg.n_embd)
+        self.norm_h, self.norm_e = rms_norm(cfg.n_embd, cfg), rms_norm(cfg.n_embd, cfg)
+        self.norm = rms_norm(cfg.n_embd, cfg)
         self.combine = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False)
         self.block = Block(cfg, cfg.n_layer + m - 1, dense=True)
 
@@ -391,14 +431,29 @@ class MTP(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # The model
 
+class Head(nn.Linear):
+    """The LM head, a bias-free linear layer whose logits are divided by logits_scaling (Granite's
+    multiplier; 1 everywhere else, and then nothing is divided). Every caller of lm_head gets it."""
+
+    def __init__(self, n_embd, vocab_size, logits_scaling=1.0):
+        super().__init__(n_embd, vocab_size, bias=False)
+        self.logits_scaling = logits_scaling
+
+    def forward(self, h):
+        y = super().forward(h)
+        return y if self.logits_scaling == 1 else y / self.logits_scaling
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.norm = nn.RMSNorm(config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)   # untied, see top
+        self.norm = rms_norm(config.n_embd, config)
+        self.lm_head = Head(config.n_embd, config.vocab_size, config.logits_scaling)   # untied, see top
+        if config.tie_embeddings:      # open models that tie them (hf.py): one matrix, both uses
+            self.lm_head.weight = self.wte.weight
         self.mtp = nn.ModuleList(MTP(config, m) for m in range(1, config.n_mtp + 1))
         self.last_ce, self.aux_loss = None, 0.0
         # Init (GPT-2 / nanoGPT): N(0, 0.02) everywhere, output projections of each residual branch
@@ -423,7 +478,7 @@ class GPT(nn.Module):
         return len(self.moe_layers())
 
     def rope(self, pos):
-        return rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+        return rope_cos_sin(pos, self.config.head_width, self.config.rope_theta)
 
     def trunk(self, idx, pos, cache=None, mask=None, routes=None, valid=None):
         """Token ids (B, T) at positions pos (B or 1, T) -> final normalised hidden states (B, T, D), and
@@ -433,6 +488,8 @@ class GPT(nn.Module):
         cache, mask: as Attention takes them (generation, sampling.py)."""
         cos, sin = self.rope(pos)
         x, replay, chosen = self.wte(idx), iter(routes if routes is not None else []), []
+        if self.config.embedding_multiplier != 1:     # Granite's (the MTP modules' RMSNorm undoes it)
+            x = x * self.config.embedding_multiplier
         for block in self.blocks:
             x, topi = block(x, cos, sin, cache, mask, next(replay, None) if block.is_moe else None, valid)
             if topi is not None:
@@ -528,8 +585,8 @@ class GPT(nn.Module):
         (seq_len + 1) / 2 on average, so 12 * n_layer * n_head * head_dim * (seq_len + 1) / 2 (as
         nanochat counts it; PaLM's full seq_len counts the masked half too). MFU divides by this."""
         c = self.config
-        active = self.num_params()[1] - self.wte.weight.numel()
-        return 6 * active + 6 * c.n_layer * c.n_embd * (c.seq_len + 1)
+        active = self.num_params()[1] - (0 if c.tie_embeddings else self.wte.weight.numel())  # tied: the head
+        return 6 * active + 6 * c.n_layer * c.n_head * c.head_width * (c.seq_len + 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -542,7 +599,7 @@ def extend_context(model: GPT, seq_len: int) -> tuple[GPT, float]:
     frequencies (local word order) barely move. A short phase at the new length adapts. Returns
     (the new model, its rope_theta)."""
     cfg = model.config
-    d = cfg.n_embd // cfg.n_head
+    d = cfg.head_width
     theta = cfg.rope_theta * (seq_len / cfg.seq_len) ** (d / (d - 2))
     longer = GPT(replace(cfg, seq_len=seq_len, rope_theta=theta))
     longer.load_state_dict(model.state_dict())   # RoPE is computed on the fly: same weights

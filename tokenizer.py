@@ -5,7 +5,7 @@ A byte-level BPE tokenizer for code: our own trainer, tiktoken for encoding/deco
     python -c "from tokenizer import Tokenizer; print(Tokenizer.load('tok.json').encode('def f(x):'))"
 
 Why its own module: the pretraining, RL and eval scripts must all tokenize *identically*
-(checkpoints embed `to_dict()`, the harness relies on the prefix property below), so the
+(checkpoints embed `to_dict()`; the prefix property below keeps the corpus's ids the harness's), so the
 tokenizer lives in one small file that every script imports instead of inside train_pretrain.py.
 
 Training (minbpe's algorithm, made incremental like nanochat's rustbpe): the text is split into
@@ -52,9 +52,10 @@ TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|en
 #     keyword), so "\n" + "        " + "return" learns indentation tokens of 4, 8, 12... spaces.
 # Ending lines on the previous token (2) recovers GPT-4's compression on code (3.52 vs 3.53 bytes/
 # token on held-out stdlib tests at 8192 vocab; 3.30 if every newline is its own pre-token).
-# REQUIRED by the RL/eval harness, and a consequence of (2): no pre-token continues past a "\n" and
-# no alternative looks past it, so for ANY prompt P ending in "\n" and ANY completion C:
-# encode(P) + encode(C) == encode(P + C).
+# A consequence of (2): no pre-token continues past a "\n" and no alternative looks past it, so for
+# ANY prompt P ending in "\n" and ANY completion C: encode(P) + encode(C) == encode(P + C). The harness
+# no longer relies on it (a Hugging Face tokenizer lacks it, hf.py): the corpus encodes a prompt and its
+# body apart (repair.Transcript.cuts), which with this pattern gives the ids of the whole.
 PATTERN = "|".join([
     r"[^\r\n\p{L}\p{N}]?+\p{L}+(?:\r?\n)?",  # words: "def", " self", ".append", "_name", "x\n"
     r"\p{N}{1,3}",                            # numbers: 1-3 digit groups (GPT-4)
@@ -177,6 +178,11 @@ class Tokenizer:
     def decode(self, ids) -> str:
         return self.enc.decode(list(ids), errors="replace")
 
+    def text_ids(self, ids) -> list[int]:
+        """The ids that spell text: the special tokens, and ids past the vocabulary (rows a model's
+        vocabulary has beyond the tokenizer's), dropped. Here the BPE ranks, the ids below EOT."""
+        return [t for t in ids if t < self.eot_id]
+
     def decode_bytes(self, ids) -> bytes:
         return self.enc.decode_bytes(list(ids))
 
@@ -193,6 +199,9 @@ class Tokenizer:
 
     @staticmethod
     def from_dict(d: dict) -> "Tokenizer":
+        if isinstance(d, dict) and d.get("format") == "hf-bpe-v1":   # a Hugging Face tokenizer.json's (hf.py)
+            from hf import HFTokenizer
+            return HFTokenizer.from_dict(d)
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             found = d.get("format") if isinstance(d, dict) else None
             raise ValueError(f"not a {FORMAT} tokenizer (format={found!r})")

@@ -173,8 +173,9 @@ if args.resume and not resume and not args.init_from:
 if master and not resume and not args.dry_run:
     common.reset_metrics(metrics_path)
 init = ckpt = tok = None
-if resume or args.init_from:
-    init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="cpu")
+if resume or args.init_from:   # a model directory's --dry-run reads its config.json alone (device meta)
+    meta = args.dry_run and not resume and os.path.isdir(args.init_from)
+    init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="meta" if meta else "cpu")
     if resume:
         keep = given | {"resume", "stop_at_step", "dry_run", "world_size", "plan_device"}   # run control
         vars(args).update({k: v for k, v in ckpt["args"].items() if k not in keep})

@@ -527,8 +527,8 @@ def check_args(args, world):
         common.die(f"--resume: no checkpoint at {ckpt_path!r}")
     if not args.resume and not args.init_from:
         common.die("--init-from CKPT is required (a train_pretrain.py checkpoint)")
-    if args.init_from and not os.path.isfile(args.init_from):
-        common.die(f"--init-from: no checkpoint at {args.init_from!r}")
+    if args.init_from and not (os.path.isfile(args.init_from) or os.path.isdir(args.init_from)):
+        common.die(f"--init-from: no checkpoint at {args.init_from!r} (a file, or a model directory)")
 
 
 def levels_of(flag, value):

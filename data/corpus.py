@@ -176,10 +176,11 @@ def load_source(name, path, skipped, args, generated=None):
 
 def encode_doc(tok, doc):
     """A transcript's ids, with its context stored as id + vocab_size: read by the model, never a
-    target (inputs_targets). A repair transcript's context is its wrong attempt and feedback (cuts after
-    newlines, so the ids are those of the whole); an agent transcript's (data/repos.py) is its issue
-    and observations, given as segments (text, context?, special?: a special token's name, marked as
-    such, so that no text becomes a special token)."""
+    target (inputs_targets). A repair transcript's context is its wrong attempt and feedback; its pieces
+    (and a solved task's) between cuts (repair.Transcript: where the harness joins pieces encoded or
+    sampled apart) are encoded apart, as the harness does. An agent transcript's (data/repos.py) context
+    is its issue and observations, given as segments (text, context?, special?: a special token's name,
+    marked as such, so that no text becomes a special token)."""
     if hasattr(doc, "segments"):
         ids = []
         for piece, context, special in doc.segments:
@@ -187,7 +188,11 @@ def encode_doc(tok, doc):
             ids += [i + tok.vocab_size for i in part] if context else part
         return ids
     a, b = doc.context
-    return tok.encode(doc[:a]) + [i + tok.vocab_size for i in tok.encode(doc[a:b])] + tok.encode(doc[b:])
+    ids, cuts = [], sorted({0, a, b, len(doc), *getattr(doc, "cuts", ())})   # repair.Transcript's cuts
+    for s, e in zip(cuts, cuts[1:]):
+        part = tok.encode(doc[s:e])
+        ids += [i + tok.vocab_size for i in part] if a <= s < b else part
+    return ids
 
 
 def inputs_targets(xy, vocab_size):
@@ -255,8 +260,10 @@ def prepare(args, mix, user_data, tok, cache_dir, heldout, generated=None):
             with common.atomic_open(path, "wb") as f:   # never half a cache
                 for i in range(0, len(docs), 512):   # each document followed by end-of-text
                     part = [d for _, d in docs[i:i + 512]]
-                    for d, ids in zip(part, tok.encode_batch(part)):
-                        if hasattr(d, "context") or hasattr(d, "segments"):   # a transcript: context marked
+                    marked = [hasattr(d, "context") or hasattr(d, "segments") for d in part]   # transcripts
+                    plain = tok.encode_batch(["" if m else d for d, m in zip(part, marked)])
+                    for d, m, ids in zip(part, marked, plain):
+                        if m:   # context marked, pieces encoded apart (encode_doc)
                             ids = encode_doc(tok, d)
                         np.asarray(ids + [tok.eot_id], dtype=dtype).tofile(f)
     return {"tokenizer": tok.to_dict(), "paths": paths, "info": info, "dtype": np.dtype(dtype).str}

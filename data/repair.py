@@ -274,8 +274,20 @@ class Transcript(str):
     """A repair transcript's text, and `context`: the (start, end) characters of the wrong attempt
     and the feedback after it. Pretraining reads them and never trains on them, as RL never trains
     on feedback: the model should learn the fix, not to write a bug after a prompt nor to write
-    feedback itself after a body (both happened when it trained on them: docs/notes.md)."""
+    feedback itself after a body (both happened when it trained on them: docs/notes.md).
+    `cuts`: more characters where the harness's token stream joins pieces encoded (or sampled) apart,
+    the prompt and the body, an attempt and its feedback; pretraining encodes the pieces apart too
+    (corpus.encode_doc). A tokenizer whose pre-tokens can cross a cut (real ones: "\n" + indent)
+    would otherwise train on other ids than the harness feeds; this project's own gives the same ids."""
     context = (0, 0)
+    cuts = ()
+
+
+def task_doc(task) -> Transcript:
+    """A solved task for the pretraining corpus: env.corpus_text, cut after the prompt."""
+    doc = Transcript(env.corpus_text(task))
+    doc.cuts = (len(env.render_prompt(task)),)
+    return doc
 
 
 def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[Transcript]:
@@ -285,6 +297,7 @@ def repair_docs(tasks, pool, seed=0, frac=0.25) -> list[Transcript]:
         feedback = env.render_feedback(t, r, wrong)
         doc = Transcript(env.render_episode(t, [(wrong, feedback), (t.solution, "")]))
         doc.context = (len(env.render_prompt(t)), len(env.render_prompt(t)) + len(wrong) + len(feedback))
+        doc.cuts = (doc.context[0] + len(wrong),)
         docs.append(doc)
     return docs
 
@@ -327,6 +340,6 @@ def task_docs(train, repair_frac=0.0, seed=0, chunk=256):
     when the caller drops the generator."""
     with SandboxPool(timeout_s=1.0) if repair_frac > 0 else nullcontext() as pool:
         for i in range(0, len(train), chunk):
-            yield from map(env.corpus_text, train[i:i + chunk])
+            yield from map(task_doc, train[i:i + chunk])
             if pool is not None:
                 yield from repair_docs(train[i:i + chunk], pool, seed=seed, frac=repair_frac)

@@ -176,6 +176,9 @@ def rl_plan(args, world):
     if args.init_from and os.path.isfile(args.init_from):
         ck = torch.load(args.init_from, map_location="cpu", mmap=True, weights_only=False)
         cfg = GPTConfig(**ck["model_config"])
+    elif args.init_from and os.path.isdir(args.init_from):       # a Hugging Face model directory: config.json
+        from infra.common import load_checkpoint
+        cfg = load_checkpoint(args.init_from, "meta")[0].config
     else:
         import subprocess
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,8 +202,7 @@ def rl_plan(args, world):
     evals = (args.steps // args.eval_every if args.eval_every else 0) + 2
     eval_s = evals * args.eval_tasks * args.eval_n * seq * fpt / 3 / slow
     run_min = (args.steps * step_s + eval_s) / 60
-    head_dim = cfg.n_embd // cfg.n_head
-    kv = args.gen_batch * seq * cfg.n_layer * 2 * cfg.n_kv_head * head_dim * 2
+    kv = args.gen_batch * seq * cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_width * 2
     ref = 2 * n_total if args.kl_coef else 0
     finish_plan({
         "script": "train_rl.py", "preset": args.preset, "world_size": world, "device_type": name,
