@@ -41,6 +41,7 @@ from types import SimpleNamespace
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # see eval.py
 import torch
 
+import hf
 from infra import common
 import sampling
 import speculative
@@ -277,7 +278,7 @@ def main(argv=None):
         common.die(f"no checkpoint at {args.ckpt!r}")
     if args.repo:
         device = common.pick_device(args.device)
-        model, tok, _ = common.load_checkpoint(args.ckpt, device)
+        model, tok, _ = hf.load_checkpoint(args.ckpt, device)
         os.makedirs(args.out_dir, exist_ok=True)
         return run_repo(args, model, tok, torch.Generator(device=device).manual_seed(args.seed))
     try:
@@ -290,7 +291,7 @@ def main(argv=None):
     except (OSError, ValueError, RuntimeError) as e:
         common.die(str(e))
     device = common.pick_device(args.device)
-    model, tok, _ = common.load_checkpoint(args.ckpt, device)
+    model, tok, _ = hf.load_checkpoint(args.ckpt, device)
     # A checkpoint with MTP modules drafts tokens that one forward checks (speculative.generate):
     # exactly the model's samples, several tokens per forward (docs/speculative.md).
     sampling.SPECULATIVE = None if args.no_speculative else speculative.generate

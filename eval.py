@@ -40,6 +40,7 @@ from collections import Counter, defaultdict
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
+import hf
 from infra import common
 from data import corpus
 import sampling
@@ -363,7 +364,7 @@ def evaluate_checkpoint(args, path, test, humaneval, bpb_texts, pool, device):
                   top_k=args.top_k, batch_size=args.batch_size, seed=args.seed,
                   n_examples=args.n_examples, progress=True, return_records=True, turns=args.turns)
     t0 = time.time()
-    model, tok, _ = common.load_checkpoint(path, device)
+    model, tok, _ = hf.load_checkpoint(path, device)
     r = {"path": path}
     r["test"] = evaluate_tasks(model, tok, test, pool, args.n_samples, ks=(1, 5, 10), **gen_kw)
     records = {"test": r["test"].pop("records")}
@@ -562,7 +563,7 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
     """One checkpoint on every suite: its flat figures (the names run.sh's checks read) and records; the
     agent against each baseline on the same tasks (paired SE over tasks), and its share of the oracle's
     pass@1."""
-    model, tok, _ = common.load_checkpoint(path, device)
+    model, tok, _ = hf.load_checkpoint(path, device)
     if not tok.tools:
         common.die(f"{path}: its tokenizer has no tool tokens (a checkpoint of the agent's bootstrap, "
                    "train_pretrain.py --mix ...,agent=W, or later)")

@@ -35,17 +35,15 @@ import mmap
 import os
 import sys
 import time
-import unicodedata
 from dataclasses import asdict
 
-import regex
-import tiktoken
 import torch
 
 from infra.cli import ArgumentParser, die
-from infra.common import load_checkpoint, print_summary
+from infra import common
+from infra.common import print_summary
 from model import GPT, GPTConfig
-from tokenizer import TOOL_TOKENS, Tokenizer
+from tokenizer import load_tokenizer, tokenizer_json
 
 ARCHS = ("qwen3", "qwen3_moe", "granitemoe", "olmoe")
 CLASSES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -312,214 +310,7 @@ def to_hf(model, arch, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# tokenizer.json -> a tiktoken.Encoding (HFTokenizer), and any Tokenizer -> tokenizer.json
-
-def bytes_to_unicode():
-    """GPT-2's map from the 256 bytes to printable characters, in which byte-level BPE files spell their
-    tokens: printable Latin-1 bytes stand for themselves, the others for chr(256 + n), in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    extra = [b for b in range(256) if b not in keep]
-    return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
-
-
-# The regex of transformers' ByteLevel pre-tokenizer (GPT-2's), and the same after a Digits pre-tokenizer
-# that isolates every numeric character (StarCoder's, so Granite's): digits are single pre-tokens, and
-# the trailing-space rule (?!\S) sees a digit as the end of a piece.
-GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-DIGITS_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"
-FORMAT = "hf-bpe-v1"
-
-
-def pre_tokenizer_pattern(pre):
-    """tokenizer.json's pre_tokenizer -> one regex that splits text into the same pieces, for the forms
-    byte-level models use: ByteLevel with its regex (GPT-2, OLMoE); Split(regex, isolated) then ByteLevel
-    without one (Qwen, Llama 3); Digits(individual) then ByteLevel (StarCoder, Granite)."""
-    steps = pre["pretokenizers"] if pre and pre.get("type") == "Sequence" else [pre] if pre else []
-    kinds = [s.get("type") for s in steps]
-    last = steps[-1] if steps else {}
-    if not steps or kinds[-1] != "ByteLevel" or last.get("add_prefix_space"):
-        raise ValueError(f"pre_tokenizer {kinds}: need a ByteLevel pre-tokenizer without add_prefix_space")
-    if kinds == ["ByteLevel"] and last.get("use_regex", True):
-        return GPT2_PATTERN
-    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
-        return DIGITS_PATTERN
-    split = steps[0]
-    if kinds == ["Split", "ByteLevel"] and not last.get("use_regex", True) \
-            and "Regex" in split.get("pattern", {}) and split.get("behavior") == "Isolated" \
-            and not split.get("invert"):
-        return split["pattern"]["Regex"]
-    raise ValueError(f"pre_tokenizer {kinds}: not a form hf.py reads (ByteLevel; Split + ByteLevel; "
-                     "Digits + ByteLevel)")
-
-
-class HFTokenizer(Tokenizer):
-    """tokenizer.py's Tokenizer for a tokenizer.json: ids are the model's own (special tokens may sit
-    anywhere, Granite's end-of-text is id 0), `ranks` maps token bytes to ids, `added` the added tokens
-    (content -> (id, special?)); eot_id, pad_id the model's; with_tools() puts the tool tokens after the
-    highest id. encode() never produces a special token: text that spells one is text (special tokens are
-    added by id, as everywhere in this project). Added tokens that are not special (GPT-NeoX's, so OLMoE's,
-    runs of spaces; Qwen3's <think>) are text: found first, longest first, as the tokenizers library
-    does, and the text between them is encoded apart."""
-
-    def __init__(self, ranks, pattern, added, eot_id, pad_id, nfc=False, name=FORMAT, tools=False):
-        self.ranks, self.pattern, self.added = dict(ranks), pattern, dict(added)
-        self.nfc, self.name = nfc, name
-        self.eot_id, self.pad_id, self.tools = eot_id, pad_id, tools
-        top = max([*self.ranks.values(), *(i for i, _ in self.added.values())]) + 1
-        self.tool_ids = {t: top + i for i, t in enumerate(TOOL_TOKENS)} if tools else {}
-        self.specials = {**{t: i for t, (i, _) in self.added.items()}, **self.tool_ids}
-        self.vocab_size = top + len(self.tool_ids)
-        words = sorted((t for t, (_, special) in self.added.items() if not special), key=len, reverse=True)
-        self.words = regex.compile("(" + "|".join(map(regex.escape, words)) + ")") if words else None
-        self.text = frozenset(self.ranks.values()) | frozenset(self.specials[t] for t in words)
-        self.known = self.text | frozenset(self.specials.values())
-        self.enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=self.ranks,
-                                     special_tokens=self.specials)
-
-    def with_tools(self):
-        return HFTokenizer(self.ranks, self.pattern, self.added, self.eot_id, self.pad_id, self.nfc,
-                           self.name, tools=True)
-
-    def encode(self, text):
-        text = unicodedata.normalize("NFC", text) if self.nfc else text
-        if self.words is None:
-            return self.enc.encode_ordinary(text)
-        ids = []     # split() alternates: text, an added word, text, ...
-        for k, piece in enumerate(self.words.split(text)):
-            ids += [self.specials[piece]] if k % 2 else self.enc.encode_ordinary(piece) if piece else []
-        return ids
-
-    def encode_batch(self, texts):
-        if self.words is not None:
-            return [self.encode(t) for t in texts]
-        return self.enc.encode_ordinary_batch([unicodedata.normalize("NFC", t) for t in texts] if self.nfc
-                                              else texts)
-
-    def text_ids(self, ids):
-        return [t for t in ids if t in self.text]
-
-    # A model's vocabulary may have rows past the tokenizer's (Qwen3: 151936 rows, 151669 tokens): a
-    # sampled id there has no text and is dropped, as env.as_sample drops every special id.
-    def decode(self, ids):
-        return self.enc.decode([t for t in ids if t in self.known], errors="replace")
-
-    def decode_bytes(self, ids):
-        return self.enc.decode_bytes([t for t in ids if t in self.known])
-
-    def to_dict(self):
-        order = sorted(self.ranks, key=self.ranks.get)
-        return {"format": FORMAT, "name": self.name, "pattern": self.pattern, "nfc": self.nfc,
-                "tokens": [t.hex() for t in order], "ids": [self.ranks[t] for t in order],
-                "added": [[t, i, s] for t, (i, s) in self.added.items()], "eot_id": self.eot_id,
-                "pad_id": self.pad_id, "tools": self.tools}
-
-    @staticmethod
-    def from_dict(d):
-        try:
-            ranks = {bytes.fromhex(t): i for t, i in zip(d["tokens"], d["ids"], strict=True)}
-            return HFTokenizer(ranks, d["pattern"], {t: (i, s) for t, i, s in d["added"]}, d["eot_id"],
-                               d["pad_id"], d["nfc"], d.get("name", FORMAT), d["tools"])
-        except Exception as e:   # a missing key, a bad hex string, a pattern tiktoken rejects
-            raise ValueError(f"malformed {FORMAT} tokenizer dict: {type(e).__name__}: {e}") from None
-
-
-def load_tokenizer(path, eos=None, pad=None):
-    """tokenizer.json -> HFTokenizer. eos, pad: the model's end-of-text and padding ids (config.json),
-    else tokenizer_config.json's tokens beside it, else an added "<|endoftext|>"; pad defaults to eos.
-    ValueError for anything that is not a byte-level BPE tiktoken can run exactly."""
-    with open(path, encoding="utf-8") as f:
-        tj = json.load(f)
-    m = tj.get("model", {})
-    if m.get("type") != "BPE" or m.get("byte_fallback") or m.get("continuing_subword_prefix") \
-            or m.get("end_of_word_suffix") or m.get("dropout"):
-        raise ValueError(f"{path}: not a plain byte-level BPE model ({m.get('type')})")
-    norm = tj.get("normalizer")
-    if norm not in (None, {"type": "NFC"}):
-        raise ValueError(f"{path}: normalizer {norm} (hf.py reads none or NFC)")
-    pattern = pre_tokenizer_pattern(tj.get("pre_tokenizer"))
-    added = {a["content"]: (a["id"], bool(a.get("special"))) for a in tj.get("added_tokens", [])}
-    odd = [a["content"] for a in tj.get("added_tokens", [])
-           if not a.get("special") and (a.get("single_word") or a.get("lstrip") or a.get("rstrip"))]
-    if odd:
-        raise ValueError(f"{path}: added tokens {odd[:3]} match with single_word / lstrip / rstrip rules")
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
-    spell = lambda s: bytes(byte_of[c] for c in s)
-    vocab = {t: i for t, i in m["vocab"].items() if t not in added}
-    ranks = {spell(t): i for t, i in vocab.items()}
-    # tiktoken merges the adjacent pair whose concatenation has the lowest id; BPE, the pair listed
-    # first in merges. They agree when the merges' results have increasing ids and every other token is
-    # a single byte: checked here.
-    last, made = -1, set()
-    for pair in m.get("merges", []):
-        a, b = pair.split(" ") if isinstance(pair, str) else pair
-        i = vocab.get(a + b)
-        if i is None or i <= last:
-            raise ValueError(f"{path}: merge {a!r} + {b!r} gives id {i}, after {last}: ids not in merge "
-                             "order")
-        last = i
-        made.add(a + b)
-    others = [t for t in vocab if len(spell(t)) > 1 and t not in made]
-    if others or len([t for t in vocab if len(spell(t)) == 1]) != 256:
-        raise ValueError(f"{path}: {len(others)} tokens are neither bytes nor merges (e.g. {others[:3]}), or "
-                         "some of the 256 bytes are missing")
-    cfg_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
-    with open(cfg_path) if os.path.isfile(cfg_path) else open(os.devnull) as f:
-        tc = json.loads(f.read() or "{}")
-
-    def named(key):          # tokenizer_config.json's token (a string, or {"content": ...}) -> its id
-        t = tc.get(key)
-        return added.get(t.get("content") if isinstance(t, dict) else t, (None,))[0] if t else None
-    for guess in (named("eos_token"), added.get("<|endoftext|>", (None,))[0]):
-        eos = guess if eos is None else eos
-    if eos is None:
-        raise ValueError(f"{path}: no end-of-text token (config.json eos_token_id, tokenizer_config.json)")
-    pad = named("pad_token") if pad is None else pad
-    return HFTokenizer(ranks, pattern, added, eos, eos if pad is None else pad, nfc=norm is not None)
-
-
-def tokenizer_json(tok):
-    """Any Tokenizer (this project's own, or an HFTokenizer) -> a tokenizer.json dict that the tokenizers
-    library encodes with the same ids. Merges are recovered from the ranks as tiktoken implies them: the
-    two parts a token's bytes end in when BPE runs on them with the ranks below its own."""
-    ranks = tok.ranks if isinstance(tok, HFTokenizer) else {t: i for i, t in enumerate(tok.ranks)}
-    uni = bytes_to_unicode()
-    spell = lambda t: "".join(uni[b] for b in t)
-    merges = []
-    for t, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(t) < 2:
-            continue
-        parts = [bytes([b]) for b in t]
-        while len(parts) > 2:
-            r, j = min((ranks.get(parts[j] + parts[j + 1], rank), j) for j in range(len(parts) - 1))
-            if r >= rank:
-                break
-            parts[j:j + 2] = [parts[j] + parts[j + 1]]
-        merges.append([spell(parts[0]), spell(parts[1])])
-    if isinstance(tok, HFTokenizer):
-        added = [(t, i, s) for t, (i, s) in tok.added.items()] + \
-            [(t, i, True) for t, i in tok.tool_ids.items()]
-    else:
-        added = [(t, i, True) for t, i in tok.specials.items()]
-    return {"version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                              "normalized": False, "special": s}
-                             for t, i, s in sorted(added, key=lambda a: a[1])],
-            "normalizer": {"type": "NFC"} if getattr(tok, "nfc", False) else None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": tok.pattern}, "behavior": "Isolated", "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                        "use_regex": True},
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False,
-                      "vocab": {spell(t): i for t, i in ranks.items()}, "merges": merges}}
-
-
-# ----------------------------------------------------------------------------------------------
-# A model directory in (infra/common.load_checkpoint calls this), a checkpoint out
+# A model directory in (load_checkpoint: what the scripts load with), a checkpoint out
 
 def read_config(path):
     """(GPTConfig, config.json's dict) of a model directory; ValueError when it cannot be read, lacks a
@@ -562,6 +353,18 @@ def load(path, device="cpu"):
     ckpt = {"model_config": asdict(cfg), "tokenizer": tok.to_dict() if tok else None, "kind": "hf",
             "hf": {"dir": os.path.abspath(path), "model_type": c["model_type"]}}
     return model, tok, ckpt
+
+
+def load_checkpoint(path, device="cpu"):
+    """What the scripts load a model with: a Hugging Face model directory (load; device "meta": its config
+    alone, for a --dry-run's plan), else this project's checkpoint (common.load_checkpoint). Any problem
+    is a one-line error."""
+    if not (path and os.path.isdir(path)):
+        return common.load_checkpoint(path, device)
+    try:
+        return load(path, device)
+    except (ValueError, KeyError, OSError, RuntimeError) as e:   # RuntimeError: a shape mismatch
+        die(f"cannot load model directory {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
 
 
 def export(model, tok, out_dir, dtype=torch.float32):

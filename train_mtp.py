@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import hf
 from infra import common
 from data import corpus
 from tokenizer import Tokenizer
@@ -134,7 +135,7 @@ def main(argv=None):
         common.die("--n-mtp, --steps, --micro-batch must be >= 1, --seq-len >= 2, --lr > 0")
     t_start, device = time.time(), common.pick_device(args.device)
     torch.manual_seed(args.seed)
-    init, tok, ckpt = common.load_checkpoint(args.init_from, device="cpu")
+    init, tok, ckpt = hf.load_checkpoint(args.init_from, device="cpu")
     args.seq_len = min(args.seq_len, init.config.seq_len)
     arrays, mix = pretraining_data(args, ckpt)
     args.mix = ",".join(f"{k}={w:g}" for k, w in mix.items())   # kept in the checkpoint: a later run reads it

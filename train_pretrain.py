@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import hf
 from infra import common, plan
 from data import corpus
 import sampling
@@ -175,7 +176,7 @@ if master and not resume and not args.dry_run:
 init = ckpt = tok = None
 if resume or args.init_from:   # a model directory's --dry-run reads its config.json alone (device meta)
     meta = args.dry_run and not resume and os.path.isdir(args.init_from)
-    init, tok, ckpt = common.load_checkpoint(resume or args.init_from, device="meta" if meta else "cpu")
+    init, tok, ckpt = hf.load_checkpoint(resume or args.init_from, device="meta" if meta else "cpu")
     if resume:
         keep = given | {"resume", "stop_at_step", "dry_run", "world_size", "plan_device"}   # run control
         vars(args).update({k: v for k, v in ckpt["args"].items() if k not in keep})

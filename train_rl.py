@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import hf
 from infra import common, plan
 import env
 from model import autocast
@@ -188,7 +189,9 @@ def main(argv=None, **settings):
                         "are not settings of train_rl.FIXED")
     vars(args).update(settings)
     if args.dry_run:                    # the plan (batch, memory, time), then exit
-        plan.rl_plan(args, args.world_size or common.dist_env()[2])
+        directory = args.init_from and os.path.isdir(args.init_from)     # a Hugging Face model's config
+        plan.rl_plan(args, args.world_size or common.dist_env()[2],
+                     hf.load_checkpoint(args.init_from, "meta")[0].config if directory else None)
     ctx = setup(args)
     state = ctx.state                   # everything a checkpoint holds besides weights and optimizer
     if "before" not in state["evals"]:
@@ -573,7 +576,7 @@ def setup(args):
         os.makedirs(args.out_dir, exist_ok=True)
         if not args.resume:
             common.reset_metrics(metrics_path)
-    model, tok, ck = common.load_checkpoint(ckpt_path if args.resume else args.init_from, device)
+    model, tok, ck = hf.load_checkpoint(ckpt_path if args.resume else args.init_from, device)
     ck = ck if args.resume else {}
     if args.agent and not tok.tools:
         common.die(f"--agent: {args.init_from or ckpt_path} has no tool tokens (start from the agent's "
@@ -592,7 +595,7 @@ def setup(args):
              "evals": ck.get("evals", {}), "hack_hist": ck.get("hack_hist", [])}
     ref = None          # the starting checkpoint, frozen, for the k1 KL: only built when used
     if args.kl_coef > 0:
-        ref, _, _ = common.load_checkpoint(ck.get("init_from", args.init_from), device)
+        ref, _, _ = hf.load_checkpoint(ck.get("init_from", args.init_from), device)
         ref.eval().requires_grad_(False)
     # AdamW. betas (0.9, 0.95) as in most LLM RL stacks (verl, OpenRLHF); no weight decay by default:
     # a few hundred on-policy steps should move the policy, not shrink it.

@@ -164,14 +164,8 @@ def save_checkpoint(path, model, tokenizer, **extra):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Returns (model, tokenizer, checkpoint dict). Any problem is a one-line error. A directory is a
-    Hugging Face model directory (hf.py; device "meta": its config alone, for a --dry-run's plan)."""
-    if path and os.path.isdir(path):
-        import hf
-        try:
-            return hf.load(path, device)
-        except (ValueError, KeyError, OSError, RuntimeError) as e:   # RuntimeError: a shape mismatch
-            die(f"cannot load model directory {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    """Returns (model, tokenizer, checkpoint dict) of this project's checkpoint (a Hugging Face model
+    directory too: hf.load_checkpoint). Any problem is a one-line error."""
     if not path or not os.path.isfile(path):
         die(f"no checkpoint at {path!r}")
     from model import GPT, GPTConfig  # imported here so common.py stays importable on its own

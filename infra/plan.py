@@ -165,21 +165,19 @@ def finish_plan(plan, mem_gb_device):
     sys.exit(0)
 
 
-def rl_plan(args, world):
+def rl_plan(args, world, cfg=None):
     """train_rl.py --dry-run: the plan of an RL run (then exit). The model is --init-from's, else the
-    one train_pretrain.py's preset of the same name would build. Assumed, and stated in the plan: a
+    one train_pretrain.py's preset of the same name would build (cfg: a model directory's, read by the
+    caller: hf.load_checkpoint). Assumed, and stated in the plan: a
     prompt of PROMPT_TOKENS, every completion at --max-new-tokens, two sampling rounds per step with
     --dynamic-sampling, decoding at a tenth of PLAN_MFU (each token reads every weight), no time
     for the sandbox (it runs beside generation on the CPU cores)."""
     from model import GPTConfig
     tasks_per_rank(args.batch_tasks, world)
-    if args.init_from and os.path.isfile(args.init_from):
+    if cfg is None and args.init_from and os.path.isfile(args.init_from):
         ck = torch.load(args.init_from, map_location="cpu", mmap=True, weights_only=False)
         cfg = GPTConfig(**ck["model_config"])
-    elif args.init_from and os.path.isdir(args.init_from):       # a Hugging Face model directory: config.json
-        from infra.common import load_checkpoint
-        cfg = load_checkpoint(args.init_from, "meta")[0].config
-    else:
+    elif cfg is None:
         import subprocess
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         argv = [sys.executable, os.path.join(root, "train_pretrain.py"), "--preset", args.preset, "--dry-run"]

@@ -23,7 +23,7 @@ import hf  # noqa: E402
 from data import corpus, repair, tasks  # noqa: E402
 from infra import common, plan  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import TOOL_TOKENS, Tokenizer, train_tokenizer  # noqa: E402
+from tokenizer import TOOL_TOKENS, HFTokenizer, Tokenizer, load_tokenizer, train_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = ["qwen3", "qwen3_moe", "granitemoe", "olmoe"]
@@ -161,7 +161,7 @@ def test_safetensors_round_trip_with_the_library(tmp_path):
 @pytest.mark.parametrize("style", ["qwen", "digits", "gpt2"])
 def test_tokenizer_ids_equal_the_tokenizers_library(tok_files, style):
     path, lib = tok_files[style]
-    tok = hf.load_tokenizer(path, eos=0, pad=1)
+    tok = load_tokenizer(path, eos=0, pad=1)
     lib.encode_special_tokens = True     # special-token text is text: special tokens are only added by id
     for text in TEXTS + train_texts():
         ids = tok.encode(text)
@@ -176,7 +176,7 @@ def test_tokenizer_ids_equal_the_tokenizers_library(tok_files, style):
     assert tools.vocab_size == 700 + len(TOOL_TOKENS) and tools.encode(TEXTS[0]) == tok.encode(TEXTS[0])
     for t in (tok, tools):
         back = Tokenizer.from_dict(json.loads(json.dumps(t.to_dict())))
-        assert type(back) is hf.HFTokenizer and back.tools == t.tools
+        assert type(back) is HFTokenizer and back.tools == t.tools
         assert back.fingerprint() == t.fingerprint()
         assert back.encode(TEXTS[3]) == t.encode(TEXTS[3])
     assert tools.fingerprint() != tok.fingerprint()
@@ -189,11 +189,11 @@ def test_tokenizer_json_pieces_hf_py_refuses(tmp_path, tok_files):
                              ("normalizer", {"type": "Lowercase"}, "normalizer")]:
         (tmp_path / "t.json").write_text(json.dumps({**tj, key: value}))
         with pytest.raises(ValueError, match=says):
-            hf.load_tokenizer(tmp_path / "t.json", eos=0)
+            load_tokenizer(tmp_path / "t.json", eos=0)
     swapped = dict(tj, model=dict(tj["model"], merges=tj["model"]["merges"][::-1]))   # ids against merges
     (tmp_path / "t.json").write_text(json.dumps(swapped))
     with pytest.raises(ValueError, match="merge order"):
-        hf.load_tokenizer(tmp_path / "t.json", eos=0)
+        load_tokenizer(tmp_path / "t.json", eos=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def test_the_parity_check_sees_a_convention_error(model_dirs, monkeypatch):
 
 def test_load_checkpoint_takes_a_model_directory(model_dirs, tmp_path):
     d = model_dirs["granitemoe"]
-    model, tok, ck = common.load_checkpoint(d)
+    model, tok, ck = hf.load_checkpoint(d)
     c = model.config
     assert (c.n_expert, c.top_k, c.n_shared_expert, c.qk_norm, c.tie_embeddings, c.balance) == \
         (8, 2, 0, "none", True, "none")
@@ -231,7 +231,7 @@ def test_load_checkpoint_takes_a_model_directory(model_dirs, tmp_path):
     assert GPTConfig(**ck["model_config"]) == c
     # a checkpoint written from it (train_pretrain / train_rl do) loads as the same model and tokenizer
     common.save_checkpoint(tmp_path / "ck.pt", model, tok)
-    again, tok2, _ = common.load_checkpoint(str(tmp_path / "ck.pt"))
+    again, tok2, _ = hf.load_checkpoint(str(tmp_path / "ck.pt"))
     x = torch.randint(0, 700, (2, 9))
     assert torch.equal(again(x)[0], model(x)[0]) and tok2.fingerprint() == tok.fingerprint()
     assert again.lm_head.weight is again.wte.weight
@@ -239,7 +239,7 @@ def test_load_checkpoint_takes_a_model_directory(model_dirs, tmp_path):
     os.makedirs(tmp_path / "cfg_only")
     with open(os.path.join(d, "config.json")) as f, open(tmp_path / "cfg_only" / "config.json", "w") as g:
         g.write(f.read())
-    meta, tok3, _ = common.load_checkpoint(str(tmp_path / "cfg_only"), "meta")
+    meta, tok3, _ = hf.load_checkpoint(str(tmp_path / "cfg_only"), "meta")
     assert meta.wte.weight.is_meta and tok3 is None
 
 
@@ -259,7 +259,7 @@ def test_a_bad_model_directory_is_a_one_line_error(tmp_path, model_dirs, capsys)
                       ({**c, "attention_bias": True}, "attention_bias"),
                       ({**c, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope")]:
         (tmp_path / "d" / "config.json").write_text(json.dumps(bad))
-        assert says in fails(capsys, lambda: common.load_checkpoint(str(tmp_path / "d")))
+        assert says in fails(capsys, lambda: hf.load_checkpoint(str(tmp_path / "d")))
 
 
 def test_check_prints_one_json_line_and_refuses_bad_input(tmp_path, model_dirs, capsys):
@@ -303,7 +303,7 @@ def transformers_logits(path, x):
 def test_export_round_trip_of_a_loaded_model(model_dirs, tok_files, arch, tmp_path):
     """model directory -> our GPT -> export -> transformers: the original model's logits; the exported
     tokenizer.json gives the original's ids in the tokenizers library."""
-    model, tok, _ = common.load_checkpoint(model_dirs[arch])
+    model, tok, _ = hf.load_checkpoint(model_dirs[arch])
     out = hf.export(model, tok, str(tmp_path / "out"))
     assert out["model_type"] == arch and sorted(os.listdir(tmp_path / "out")) == \
         ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
@@ -345,7 +345,7 @@ def test_export_round_trip_of_this_projects_checkpoint(tmp_path, capsys):
     for text in TEXTS + train_texts():
         assert lib.encode(text, add_special_tokens=False).ids == tok.encode(text), text[:40]
     # and back: the exported directory loads as this model, tokenizer ids unchanged
-    back, tok2, _ = common.load_checkpoint(str(tmp_path / "out"))
+    back, tok2, _ = hf.load_checkpoint(str(tmp_path / "out"))
     assert (back(x)[0] - model(x)[0]).abs().max() <= 1e-5 and tok2.encode(TEXTS[0]) == tok.encode(TEXTS[0])
 
 
@@ -370,7 +370,7 @@ def test_pretraining_ids_are_the_harness_ids_without_the_prefix_property(tok_fil
     encodes a solved task as the harness reads it (the prompt as env.encode_prompts gives it, then the
     body apart), and a repair transcript piece by piece. With this project's own tokenizer both are
     encode(whole)."""
-    hf_tok = hf.load_tokenizer(tok_files["digits"][0], eos=0)
+    hf_tok = load_tokenizer(tok_files["digits"][0], eos=0)
     own = own_tokenizer()
     train = tasks.generate_tasks("train", 20, seed=0)
     apart = lambda tok, t: tok.encode(env.render_prompt(t)) + tok.encode(t.solution)
@@ -454,9 +454,9 @@ def test_smoke_recipe_from_a_model_directory(tmp_path, tok_files, arch):
     boot = run(["train_pretrain.py", "--preset", "smoke", "--init-from", d, "--mix",
                 "stdlib=0.05,tasks=0.25,agent=0.7", "--agent-n", "20", "--task-difficulties", "1-2",
                 "--seq-len", "256", "--max-steps", "2", "--out-dir", f"{out}/boot"])
-    model, tok, _ = common.load_checkpoint(boot["ckpt"])
+    model, tok, _ = hf.load_checkpoint(boot["ckpt"])
     assert tok.tools and model.config.vocab_size == 700 + len(TOOL_TOKENS)
-    model, tok, _ = common.load_checkpoint(rl["ckpt"])
+    model, tok, _ = hf.load_checkpoint(rl["ckpt"])
     exported = run(["hf.py", "export", rl["ckpt"], "--out-dir", f"{out}/hf"])     # the script itself
     assert exported["model_type"] == arch and exported["out_dir"] == f"{out}/hf"
     x = torch.randint(0, 700, (2, 12))
