@@ -454,10 +454,11 @@ def main(argv=None):
     ap = ArgumentParser(prog="hf.py", description="Hugging Face model directories: export a checkpoint as "
                         "one, check one against transformers. No --preset: nothing here trains.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="CKPT (a checkpoint or a model directory) -> --out-dir DIR, which "
-                        "transformers loads")
+    ex = sub.add_parser("export", help="CKPT (a checkpoint or a model directory) -> DIR, which transformers "
+                        "loads: python hf.py export CKPT DIR (or --out-dir DIR, as every script takes it)")
     ex.add_argument("ckpt")
-    ex.add_argument("--out-dir", required=True, help="the model directory to write")
+    ex.add_argument("dir", nargs="?", help="the model directory to write")
+    ex.add_argument("--out-dir", help="the same, as a flag")
     ex.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights' dtype (float32: exactly the checkpoint's)")
     ch = sub.add_parser("check", help="our forward vs transformers' on random ids (needs transformers)")
@@ -467,6 +468,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.cmd == "export":
+        if not (args.dir or args.out_dir) or args.dir and args.out_dir and args.dir != args.out_dir:
+            die("export: give the directory to write once: CKPT DIR, or --out-dir DIR")
+        args.out_dir = args.out_dir or args.dir
         same = os.path.isdir(args.ckpt) and os.path.isdir(args.out_dir) and \
             os.path.samefile(args.ckpt, args.out_dir)
         if same:

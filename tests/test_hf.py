@@ -333,7 +333,7 @@ def test_export_round_trip_of_this_projects_checkpoint(tmp_path, capsys):
         for p in model.parameters():
             p.mul_(10 if p.ndim > 1 else 1)       # std 0.2, as the transformers models above
     common.save_checkpoint(tmp_path / "ck.pt", model, tok)
-    hf.main(["export", str(tmp_path / "ck.pt"), "--out-dir", str(tmp_path / "out")])   # `python hf.py export`
+    hf.main(["export", str(tmp_path / "ck.pt"), str(tmp_path / "out")])   # `python hf.py export CKPT DIR`
     out = capsys.readouterr().out.strip().splitlines()
     report = json.loads(out[-1])           # one JSON line: what was written
     assert len(out) == 1 and report["model_type"] == "qwen3_moe" and report["dropped_mtp"] == 1
