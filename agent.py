@@ -3,7 +3,8 @@ agent.py: the interactive command, in the harness the model was trained in (env.
 run_episodes, as train_rl.py and eval.py run it). Two tool sets:
 
 --repo DIR: the agent (env.Tools). The model works a copy of a small Python project through tools,
-one action per turn (ls, read, edit a function, run the tests, submit), and this prints every action
+one action per turn (ls, read, grep, run an expression, edit a function, run the tests, submit), and
+this prints every action
 and observation; a long episode goes on past its context through its memory (--memory: summaries the
 model writes, old observations masked, or a sliding window). The
 tests are the top-level test_* functions of its first test_*.py file (at the directory's top level);
@@ -101,7 +102,7 @@ def read_project(root):
                 if len(files[rel]) > env.MAX_FILE_CHARS or len(files) > MAX_FILES:
                     raise ValueError(f"--repo: {rel}: the agent works small projects (at most {MAX_FILES} "
                                      f"files of {env.MAX_FILE_CHARS} characters)")
-    tests = [p for p in files if p.startswith("test_")]
+    tests = [p for p in files if p.startswith("test_") and "/" not in p]     # at the top level
     if not tests:
         raise ValueError(f"--repo {root}: no test_*.py file at its top level to run")
     try:      # its top-level test_* functions are what runs (no unittest classes, no pytest fixtures)

@@ -446,7 +446,7 @@ def test_report(result, names=()):
         return "error: the test run failed in the harness; run the tests again"
     head = f"{result.n_passed} passed, {result.n_tests - result.n_passed} failed"
     failed = [f"{n}: {v}" for n, v in zip(names, result.values) if isinstance(v, str)]
-    return head if result.passed else "\n".join([head] + (failed or [result.feedback]))
+    return head if result.passed else cap("\n".join([head] + (failed or [result.feedback])))
 
 
 def run_report(result):
@@ -512,8 +512,11 @@ def summary_ids(tok, tokens, e):
     return body[:bad] + [end]
 
 
+UNFINISHED = ("step_limit", "over_cap", "format_errors", "context")   # outcomes of episodes without a submit
 MEMORIES = ("summary", "mask", "window", "oracle")   # oracle: eval's ceiling, the summary the task needs
 MASKED = "(dropped)"      # mask's placeholder for an old observation
+REBUILD_ROOM = 128        # what a rebuilt context leaves of the window for the next action (eval's cap on
+                          # an action; RL's is 96): the same budget in the bootstrap, RL and the eval
 
 
 def summary_text(task, read, edited=()):
@@ -589,7 +592,7 @@ class Tools:
         says why). feed: the observation's ids (env.next_feed); used: the ids in the row's context
         now; prompt: the task's prompt ids. Past the threshold (summary_at), by memory: the summary
         turn; "oracle", the harness writes the summary the task needs; "mask" and "window" rebuild the
-        context (rebuild) within the same budget, the window less the next turn's generation."""
+        context (rebuild) within the window less REBUILD_ROOM."""
         if not self.memory:
             return keep_context(e, feed, used, seq_len - max_new_tokens)
         summary = lambda: prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s]
@@ -603,7 +606,7 @@ class Tools:
             return feed, False, None
         if self.memory in ("mask", "window"):
             e.state["rebuilds"] += 1
-            return self.rebuild(tok, e, prompt, window - max_new_tokens), True, None
+            return self.rebuild(tok, e, prompt, window - REBUILD_ROOM), True, None
         if len(e.summaries) >= self.max_summaries:
             e.end = "summary_cap"
             return None
@@ -704,14 +707,14 @@ class Tools:
         return "", None                               # submit: the episode is over
 
     def finish(self, pool, items):
-        """The judge's verdict on each episode's final repository: its result. An episode that ran out of
-        actions, or of summaries, without submitting fails (outcome "step_limit", "over_cap"), whatever
-        its repository holds (a masked episode instead lost: docs/notes.md)."""
+        """The judge's verdict on each episode's final repository: its result. An episode that did not
+        submit fails, whatever its repository holds: out of actions ("step_limit"), of summaries
+        ("over_cap"; masking it instead lost: docs/notes.md), of well-formed actions ("format_errors")
+        or of context ("context")."""
         results = pool.run_batch([hidden_run(t, e.repo) for t, e in items])
-        unfinished = {"step_limit": "step_limit", "summary_cap": "over_cap"}
         for (_, e), r in zip(items, results):
-            e.result = r if e.end not in unfinished or r.outcome == "sandbox_error" else \
-                dataclasses.replace(r, reward=0.0, passed=False, outcome=unfinished[e.end])
+            e.result = r if e.end == "submit" or r.outcome == "sandbox_error" else dataclasses.replace(
+                r, reward=0.0, passed=False, outcome={"summary_cap": "over_cap"}.get(e.end, e.end))
 
 
 class FixedPlan(Tools):

@@ -153,7 +153,7 @@ def episodes(ctx, tasks, seed, stats):
 
 def tool_episodes(ctx, tasks, seed, stats):
     """--agent: G episodes per repository task (data/repos.py) in the agent's harness, env.Tools: one
-    action per turn (ls, read, edit, test, submit) on the episode's own copy of the repository, the
+    action per turn (ls, read, grep, run, edit, test, submit) on the episode's own copy of the repository, the
     observation fed back, up to the step limit (env.run_episodes, as eval.py and agent.py run it).
     One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
     covers every token the model wrote in every turn, none of the observations (rl.algo.flatten).
@@ -385,7 +385,7 @@ def new_stats(args):
                              contexts --memory mask or window rebuilt
     Set once (ONCE): lr, trained_seqs, grad_norm, len_max (the max over ranks), moe (the router's
     figures, model.moe_metrics)."""
-    keys = [f"outcome/{o}" for o in OUTCOMES + ("over_cap", "step_limit")]
+    keys = [f"outcome/{o}" for o in OUTCOMES + env.UNFINISHED]
     keys += [f"hack/{k}" for k in env.HACK_PATTERNS]
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]

@@ -90,8 +90,8 @@ def test_the_place_of_the_fault_varies(test_tasks):
 def test_no_fixed_plan_solves_more_than_15_percent(test_tasks):
     """The plans we can think of, each a fixed action sequence for every task, with perfect edits: the
     edit writes the fix's function into the file the plan names. A plan can only name files it has
-    not seen; for each file name the tasks use, the share of tasks that editing it (and every other
-    name of that kind: all helper modules of the vocabulary, all entry modules) would solve."""
+    not seen; for each file name of the vocabulary (helper and entry modules), one at a time, the share
+    of tasks that editing it would solve; then the plans that follow a structure (below)."""
     def solved(t, names):
         hit = [(p, f) for p, f in t.targets if p in names]
         return len(hit) == len(t.targets)

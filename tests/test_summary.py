@@ -261,7 +261,7 @@ def test_the_loss_is_normalised_over_the_whole_episode():
     assert rl.token_weights(mask, "token", 4, 8, 10)[mask > 0].tolist() == pytest.approx([0.1] * 5)
 
 
-def test_long_stats_count_summaries_and_kept_facts_and_an_episode_past_the_cap_fails():
+def test_long_stats_count_summaries_and_kept_facts_and_an_episode_without_a_submit_fails():
     from collections import Counter
     from types import SimpleNamespace
     t = SimpleNamespace(facts=[{"file": "a.py", "name": "A", "value": 1, "label": "N1"},
@@ -275,15 +275,15 @@ def test_long_stats_count_summaries_and_kept_facts_and_an_episode_past_the_cap_f
     rollouts.long_stats(t, e, stats)
     assert stats["over_cap"] == 1 and stats["summaries_sum"] == 2 and stats["summary_tokens_sum"] == 3
     assert (stats["facts_read"], stats["facts_kept"]) == (2, 1)    # a.py read before both; kept in one
-    # the judge passes its repository, but an episode that ran out of summaries (or actions) fails
+    # the judge passes its repository, but an episode that ended without a submit fails
     passing = SimpleNamespace(run_batch=lambda runs: [Result(1.0, True, "pass", "", 1, 1)] * len(runs))
     items = [(SimpleNamespace(hidden=None), dataclasses.replace(e, end=end, repo={}))
-             for end in ("summary_cap", "step_limit", "submit")]
+             for end in ("summary_cap", "step_limit", "format_errors", "context", "submit")]
     import unittest.mock
     with unittest.mock.patch.object(env, "hidden_run", lambda t, repo: None):
         env.Tools().finish(passing, items)
     assert [(x.result.passed, x.result.outcome) for _, x in items] == \
-        [(False, "over_cap"), (False, "step_limit"), (True, "pass")]
+        [(False, "over_cap"), (False, "step_limit"), (False, "format_errors"), (False, "context"), (True, "pass")]
 
 def test_the_oracle_summary_is_the_harness_s_own_and_names_only_what_was_read(tok, pool, long_tasks):
     """eval.py's oracle_summary: past the threshold the harness, not the model, writes the summary (no

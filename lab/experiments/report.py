@@ -161,7 +161,7 @@ def memory_report(out_dir):
         rows[label] = {"trained": label if label == "boot" else m, "own": g.get(f"{m}/pass@1"),
                        "own near": g.get(f"{m}/slice=near/pass@1"), "own novel": g.get(f"{m}/slice=novel/pass@1"),
                        **{f"under {k}": g.get(f"{k}/pass@1") for k in MEMORIES + ("oracle_summary",)},
-                       "retention": g.get("summary/fact_retention"), "contexts/ep": g.get(f"{m}/per_episode"),
+                       "retention (summary)": g.get("summary/fact_retention"), "contexts/ep": g.get(f"{m}/per_episode"),
                        "over_cap": g.get(f"{m}/over_cap"), "step_limit": g.get(f"{m}/step_limit"),
                        "RL steps": rl.get("steps")}
         if label != "boot":
