@@ -677,11 +677,13 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
 
 
 def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
-    """Episode sampling against single-turn sampling at equal tokens (issue 45): the agent's RL batch,
-    8 held-out repository tasks x 8 episodes through env.Tools (env.run_episodes: every turn's
-    generate, the observations' prefill on the kept cache, the tools and their sandboxed test runs),
-    then one generate of the same 64 prompts with no stop, as many new tokens per row as the episodes
-    sampled on average: the single-turn arm at its best (no ragged ends). Tokens/s of each, best rep."""
+    """Episode sampling against single-turn sampling at equal tokens (issues 45 and 55): the agent's RL
+    batch, 8 held-out repository tasks x 8 episodes through env.Tools (env.run_episodes: every turn's
+    tokens, the observations' prefill, the tools and their sandboxed test runs), by the turn-by-turn
+    loop (sampling.EPISODES = "turns", the reference: before issue 55) and by continuous batching
+    (the default, after), which sample the same tokens (row streams); then one generate of the same 64
+    prompts with no stop, as many new tokens per row as the episodes sampled on average: the
+    single-turn arm at its best (no ragged ends). Arms interleaved; tokens/s of each, best rep."""
     from infra import common
     import sampling
     import env
@@ -694,28 +696,36 @@ def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
     tasks = generate_repo_tasks("test", 8, seed=5, difficulties=[1, 2])
     tools, g = env.Tools(), torch.Generator(device)
     prompts = env.encode_prompts(model, tok, tasks, 96, tools.prompt)[0]
-    res = {"episodes": [], "single": []}
+    res = {"turns": [], "continuous": [], "single": []}
     with SandboxPool(timeout_s=1.0) as pool:
-        def episodes():
+        def episodes(mode):
             g.manual_seed(3)
-            eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
-                                      return_routes=True)
+            before, sampling.EPISODES = sampling.EPISODES, mode
+            try:
+                eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
+                                       return_routes=True)
+            finally:
+                sampling.EPISODES = before
             return sum(len(t.tokens) for e in eps for t in e.turns), sum(len(e.turns) for e in eps)
 
         def single(per_row):
             g.manual_seed(4)
             outs = sampling.generate(model, [p for p in prompts for _ in range(8)], per_row, temperature=1.0,
-                                 generator=g, return_routes=True)
+                                     generator=g, return_routes=True)
             return sum(len(o["tokens"]) for o in outs)
         for _ in range(2 if quick else 4):
-            (n, turns), s = timed(episodes, device)
-            res["episodes"].append(n / s)
+            for mode in ("turns", "continuous"):
+                (n, turns), s = timed(lambda: episodes(mode), device)
+                res[mode].append(n / s)
             m, s = timed(lambda: single(max(1, round(n / 64))), device)
             res["single"].append(m / s)
-    ep, one = max(res["episodes"]), max(res["single"])
-    print(f"  tokens/s  tool episodes {ep:7.0f} ({n} tokens in {turns} turns of 64 episodes)   single-turn "
-          f"{one:7.0f} ({m} tokens)   ratio {ep / one:.2f} (goal >= 0.8)", flush=True)
-    return {"episode_tok_s": ep, "single_turn_tok_s": one, "episode_vs_single_turn": ep / one,
+    ep, cb, one = max(res["turns"]), max(res["continuous"]), max(res["single"])
+    print(f"  tokens/s  tool episodes: turn by turn {ep:7.0f}, continuous {cb:7.0f} ({n} tokens in {turns} turns "
+          f"of 64 episodes)   single-turn {one:7.0f} ({m} tokens)   ratio {ep / one:.2f} -> {cb / one:.2f} "
+          f"(goal >= 0.8; every rep: turns {[round(r / o, 2) for r, o in zip(res['turns'], res['single'])]}, "
+          f"continuous {[round(r / o, 2) for r, o in zip(res['continuous'], res['single'])]})", flush=True)
+    return {"episode_tok_s": cb, "episode_turns_tok_s": ep, "single_turn_tok_s": one,
+            "episode_vs_single_turn": cb / one, "episode_turns_vs_single_turn": ep / one,
             "episode_tokens": n, "episode_turns": turns}
 
 
