@@ -570,6 +570,23 @@ class RowCache:
         self.routes = None if self.routes is None else self.routes.index_select(1, rows)
 
 
+def padded_runs(lens, overhead=32):
+    """Rows sorted by the length of their feed -> runs of them, each read by one right-padded forward
+    of (rows x its longest) token slots: the split with the fewest slots, a forward counting
+    `overhead` slots more (its fixed cost: about 32 tokens' worth on CPU). Dynamic programming over
+    where each run starts."""
+    best, start = [0], [0]
+    for i in range(1, len(lens) + 1):
+        cost, j = min((best[j] + overhead + (i - j) * lens[i - 1], j) for j in range(i))
+        best.append(cost)
+        start.append(j)
+    runs, i = [], len(lens)
+    while i:
+        runs.append(range(start[i], i))
+        i = start[i]
+    return runs[::-1]
+
+
 class Rows:
     """Continuous batching (Orca, Yu et al. OSDI 2022): rows that each run on their own, the model's
     side of the episode loop's speed path (env.episodes_continuous keeps the episodes). A row is fed
@@ -606,6 +623,8 @@ class Rows:
     def feed(self, i, ids, fresh=False, limit=None, seed=None):
         """Row i's next ids: on top of its cache, or (fresh) as a new context; its turn keeps at most
         `limit` tokens (None: max_new_tokens). seed: a new row, its stream's seed (its first feed)."""
+        if not ids:
+            raise ValueError("empty prompt")       # as generate says
         if seed is not None:
             if None not in self.ids:
                 raise ValueError("Rows: no free place (at most n_rows rows at once)")
@@ -648,26 +667,28 @@ class Rows:
             return outs
 
     def prefill(self):
-        """The queued feeds, each row's from its own length (0: fresh), in one forward of those rows; a
-        fresh feed identical to another's is read once and copied (a task's G rows share a prompt)."""
+        """The queued feeds, each row's from its own length (0: fresh): rows of like lengths in one
+        forward (padded_runs); a fresh feed identical to another's is read once and copied (a task's
+        G rows share a prompt)."""
         places, first = sorted(self.queued), {}
         for p in places:
             ids, fresh = self.queued[p]
             self.cache.lens[p] = 0 if fresh else self.cache.lens[p]
             self.start[p] = int(self.cache.lens[p])
             first.setdefault(tuple(ids) if fresh else p, p)
-        src = sorted(set(first.values()))
-        lens = [len(self.queued[p][0]) for p in src]
-        idx = torch.zeros(len(src), max(lens), dtype=torch.long, device=self.dev)   # right-padded
-        for r, p in enumerate(src):
-            idx[r, :lens[r]] = torch.tensor(self.queued[p][0], device=self.dev)
-        rows = torch.tensor(src, device=self.dev)
-        where = self.cache.at(rows, idx.size(1))
-        h, chosen = self.model.trunk(idx, where, self.cache, self.cache.mask())
-        self.cache.record(chosen)
-        n = torch.tensor(lens, device=self.dev)
-        self.cache.lens[rows] += n
-        self.logits[rows] = self.model.lm_head(h[torch.arange(len(src)), n - 1]).float()
+        src = sorted(set(first.values()), key=lambda p: len(self.queued[p][0]))
+        for run in padded_runs([len(self.queued[p][0]) for p in src]):
+            feeds = [self.queued[src[r]][0] for r in run]
+            idx = torch.zeros(len(feeds), len(feeds[-1]), dtype=torch.long, device=self.dev)   # right-padded
+            for r, f in enumerate(feeds):
+                idx[r, :len(f)] = torch.tensor(f, device=self.dev)
+            rows = torch.tensor([src[r] for r in run], device=self.dev)
+            where = self.cache.at(rows, idx.size(1))
+            h, chosen = self.model.trunk(idx, where, self.cache, self.cache.mask())
+            self.cache.record(chosen)
+            n = torch.tensor([len(f) for f in feeds], device=self.dev)
+            self.cache.lens[rows] += n
+            self.logits[rows] = self.model.lm_head(h[torch.arange(len(feeds)), n - 1]).float()
         dups = [(first[tuple(self.queued[p][0])], p) for p in places if p not in src]
         if dups:
             s, d = (torch.tensor(x, device=self.dev) for x in zip(*dups))

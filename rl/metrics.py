@@ -34,7 +34,7 @@ def new_stats(args):
     """Every statistic a step keeps, at 0: each rank reduces the same keys in the same order, even a
     rank whose samples were all sandbox errors or that had no group to train on. Summed over the
     step's rounds and over ranks (reduce_stats):
-      outcome/O, hack/P      first attempts' sandbox outcomes; suspicious constructs in all the model wrote
+      outcome/O, hack/P      first attempts' outcomes (over_cap: --over-cap fail); suspicious constructs
       K_eE                   per PPO epoch E: loss, tokens, clip, entropy, kl_old, mismatch over the
                              trained tokens (micro_batch_loss)
       passes, n_scored, reward_sum, kl_ref_sum   first attempts (rollouts.rewards)
@@ -49,7 +49,7 @@ def new_stats(args):
                              --agent's long tasks: the summaries, their cap, the facts they keep
     Set once (ONCE): lr, trained_seqs, grad_norm, len_max (the max over ranks), moe (the router's
     figures, model.moe_metrics)."""
-    keys = [f"outcome/{o}" for o in OUTCOMES] + [f"hack/{k}" for k in env.HACK_PATTERNS]
+    keys = [f"outcome/{o}" for o in OUTCOMES + ("over_cap",)] + [f"hack/{k}" for k in env.HACK_PATTERNS]
     keys += [f"{k}_e{e}" for e in range(args.ppo_epochs)
              for k in ("loss", "tokens", "clip", "entropy", "kl_old", "mismatch")]
     keys += ["passes", "n_scored", "reward_sum", "kl_ref_sum", "groups", "zero_var_groups", "rounds",
