@@ -790,12 +790,12 @@ def continuous_share(model, tok, tasks, tools, pool, episodes, prompts, truncate
                 e, i, nxt = episodes[j], episodes[j].task_idx, None
                 e.turns.append(x)
                 x.segment = segment[j]
-                # a turn stopped by its limit before a stop id is one cut() cuts: no past follows it
-                cut = limits[j] is not None and len(x.tokens) == limits[j] < kw["max_new_tokens"] and \
+                # a turn stopped by its limit before a stop id is one that cut() cuts: no past follows it
+                was_cut = limits[j] is not None and len(x.tokens) == limits[j] < kw["max_new_tokens"] and \
                     x.tokens[-1] not in kw["stop_ids"]
                 if text is not None:
                     nxt = tools.fit(tok, tasks[i], e, x, next_feed(tok, tools, x, text),
-                                    0 if cut else g["context"], prompts[i], model.config.seq_len,
+                                    0 if was_cut else g["context"], prompts[i], model.config.seq_len,
                                     kw["max_new_tokens"])
                 if nxt is not None:
                     feeds[j], fresh, limits[j] = nxt
@@ -805,7 +805,7 @@ def continuous_share(model, tok, tasks, tools, pool, episodes, prompts, truncate
                     batch.leave(j)
                     bar.update()
                 else:
-                    batch.feed(j, feeds[j], fresh=fresh or cut, limit=limits[j])
+                    batch.feed(j, feeds[j], fresh=fresh or was_cut, limit=limits[j])
     return episodes
 
 

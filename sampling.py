@@ -9,8 +9,11 @@ live beside it, each tested equal to it (tests/test_generate.py), and are chosen
 `generate`, which everything that samples calls (env.run_episodes, eval.py, agent.py, pretraining's
 samples): finished rows retired from the batch (`retiring`), sync-free decoding on a GPU, two decode
 streams on a CPU, a compiled decode step, and speculative decoding with the MTP modules
-(speculative.py, where SPECULATIVE is set). Measured in lab/bench.py (generation, compiled,
-speculative, episodes); the figures are in docs/benchmarks.md and docs/speculative.md.
+(speculative.py, where SPECULATIVE is set). Episodes have a speed path of their own, continuous
+batching (`Rows`, a cache whose rows have lengths of their own; env.episodes_continuous), chosen by
+`continuous`; in both episode loops each row draws from a random stream of its own (`Streams`).
+Measured in lab/bench.py (generation, compiled, speculative, episodes); the figures are in
+docs/benchmarks.md and docs/speculative.md.
 """
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -345,7 +348,8 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     for each op costs more than it gives), but each op releases the GIL, so two independent batches
     decode side by side (lab/bench.py generation). Rows of one prompt stay in one share (its prefill is
     shared). The samples depend on the number of streams, as they depend on the batch; each row's
-    distribution does not. One stream (retiring with the caller's generator) on GPU and
+    distribution does not (and with a Streams generator, each row's samples do not either: a share
+    takes its rows' streams). One stream (retiring with the caller's generator) on GPU and
     under 16 rows per stream. With SPECULATIVE set and a model with MTP modules, each share runs
     it instead (unless routes are asked for). On GPU under bf16 autocast
     (common.autocast; model.py keeps the router in fp32), as training runs."""
@@ -597,8 +601,8 @@ class Rows:
     alone, right-padded; identical fresh contexts read once), a token for every row from its own
     random stream (Streams), then one decode forward of the rows that go on (a waiting or free place
     runs along, its junk written past its end and never read). Rows are named by the caller's ids; a
-    new one takes a free place, and free places are dropped in bulk (1/8 of them), as retiring drops
-    finished rows. The host reads which rows ended every step."""
+    new one takes a free place, and free places are dropped in bulk once 1/8 of them are free, as
+    retiring drops finished rows. The host reads which rows ended every step (a GPU waits for it)."""
 
     def __init__(self, model, n_rows, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
                  return_routes=False):
