@@ -678,7 +678,7 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
     rl.algo.flatten joins each turn's prompt_ids and tokens back into this stream.
     This loop is the reference; its speed path, continuous batching (episodes_continuous), is chosen
     here, by sampling.continuous, and samples the same episodes."""
-    if sampling.continuous(model, return_routes):
+    if sampling.continuous(model, return_routes, tools.max_turns, len(tasks) * n, batch_size):
         return episodes_continuous(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p,
                                    top_k, batch_size, generator, return_routes, progress, prompts)
     prompts, truncated = episode_prompts(model, tok, tasks, tools, max_new_tokens, prompts)

@@ -325,8 +325,7 @@ DONE_EVERY = 16
 # batching over Rows (each row on its own: one whose action ended is fed its observation while the
 # others decode, a finished episode's place goes to the round's next); "turns": the reference, turn by
 # turn, every row waiting for the turn's longest action and for every observation. The two sample the
-# same tokens (row streams, Streams; tests/test_episodes.py). Where generate would decode speculatively
-# (agent.py), the turns.
+# same tokens (row streams, Streams; tests/test_episodes.py). The choice: continuous().
 EPISODES = "continuous"
 
 
@@ -391,9 +390,13 @@ def side_by_side(model, fn, shares):
         return list(pool.map(fn, shares))
 
 
-def continuous(model, return_routes):
-    """Does env.run_episodes take continuous batching (EPISODES), rather than its turn-by-turn loop?"""
-    return EPISODES == "continuous" and not speculates(model, return_routes)
+def continuous(model, return_routes, max_turns, rows, batch_size):
+    """Does env.run_episodes take continuous batching (EPISODES), rather than its turn-by-turn loop?
+    Not where generate would decode speculatively or through the compiled step (COMPILE), which are
+    the turn loop's, nor for one-turn episodes whose rows fit one batch: every row starts at once, so
+    no place is refilled, and the two loops decode the same steps (lab/bench.py generation)."""
+    return (EPISODES == "continuous" and not speculates(model, return_routes) and not COMPILE
+            and (max_turns > 1 or rows > batch_size))
 
 
 def speculates(model, return_routes):

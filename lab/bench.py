@@ -285,7 +285,8 @@ def bench_generation(quick, device=CPU):
     preset calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts;
     and the same with the decode step compiled, --compile-decode, timed after its compile; None where
     compiling failed,
-    rl_generation_compiled_error says why). Completion lengths follow the token lengths
+    rl_generation_compiled_error says why; and forced through continuous batching, sampling.EPISODES,
+    which sampling.continuous leaves to the turn loop for one-turn rows that fit one batch). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep.
     On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
@@ -308,7 +309,7 @@ def bench_generation(quick, device=CPU):
     prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
     g = torch.Generator(device)
-    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_turns": [], "rl_compiled": []}
+    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_continuous": [], "rl_compiled": []}
     pool = SandboxPool(timeout_s=1.0)
 
     def forward():
@@ -326,10 +327,10 @@ def bench_generation(quick, device=CPU):
                               stop_ids=[tok.eot_id], generator=g, return_routes=True)
         return sum(len(o["tokens"]) for o in outs)
 
-    def rl_sampling(compiled=False, loop="continuous"):   # compiled: the decode step through torch.compile
-        g.manual_seed(2)                                  # (--compile-decode); loop: sampling.EPISODES
+    def rl_sampling(compiled=False, loop=None):   # compiled: the decode step through torch.compile
+        g.manual_seed(2)                          # (--compile-decode); loop: sampling.EPISODES (None: as set)
         before = sampling.COMPILE, sampling.EPISODES
-        sampling.COMPILE, sampling.EPISODES = compiled, loop
+        sampling.COMPILE, sampling.EPISODES = compiled, loop or before[1]
         try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
             eps = env.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
                                       max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
@@ -344,10 +345,10 @@ def bench_generation(quick, device=CPU):
     steps = {rows: min(decode_step_ms(model, prompts[0], rows, g) for _ in range(3)) for rows in (64, 4)}
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
     # compiles the decode step (the inductor cache on disk makes later processes faster)
-    compile_err, compile_s = timed(lambda: compile_error(lambda: rl_sampling(True, "turns")), device)
+    compile_err, compile_s = timed(lambda: compile_error(lambda: rl_sampling(True)), device)
     arms = [("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
-            ("rl", rl_sampling), ("rl_turns", lambda: rl_sampling(loop="turns")),
-            ("rl_compiled", lambda: rl_sampling(True, "turns"))]
+            ("rl", rl_sampling), ("rl_continuous", lambda: rl_sampling(loop="continuous")),
+            ("rl_compiled", lambda: rl_sampling(True))]
     # one CPU thread means nothing to a GPU; a failed compile would time the eager trunk again
     skip = ({"forward_1thread"} if not cpu else set()) | ({"rl_compiled"} if compile_err else set())
     arms = [(k, fn) for k, fn in arms if k not in skip]
@@ -359,22 +360,24 @@ def bench_generation(quick, device=CPU):
         h.remove()
     pool.close()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
-    fwd_n, fwd_1, gen, rl, rl_t, rl_c = (max((r for r, _ in res[k]), default=None) for k in
-                                         ("forward", "forward_1thread", "generate", "rl", "rl_turns", "rl_compiled"))
+    fwd_n, fwd_1, gen, rl, rl_cb, rl_c = (max((r for r, _ in res[k]), default=None) for k in
+                                          ("forward", "forward_1thread", "generate", "rl", "rl_continuous",
+                                           "rl_compiled"))
     fwd_1 = fwd_1 if cpu else fwd_n
     fwd = max(fwd_n, fwd_1)
     mean_len = res["generate"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
            "generate_tok_s": gen, "rl_generation_tok_s": rl, "rl_generation_compiled_tok_s": rl_c,
            "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd,
-           "rl_generation_turns_tok_s": rl_t, "rl_generation_turns_vs_forward": rl_t / fwd,
+           "rl_generation_continuous_tok_s": rl_cb, "rl_generation_continuous_vs_forward": rl_cb / fwd,
            "rl_generation_compiled_vs_forward": None if rl_c is None else rl_c / fwd, "compile_decode_s": compile_s,
            "rl_generation_compiled_error": compile_err,
            "generate_mean_len": mean_len, "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
     compiled = (f"compiled decode: failed ({compile_err})" if compile_err else
                 f"compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a {compile_s:.0f} s compile")
     print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
-          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; by the turn loop {rl_t:7.0f}, {rl_t / fwd:.0%}; {compiled})   "
+          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; forced through continuous batching {rl_cb:7.0f}, "
+          f"{rl_cb / fwd:.0%}; {compiled})   "
           f"mean completion {mean_len:.1f} tokens", flush=True)
     print(f"  one decode step on {'one thread' if cpu else 'the GPU'}: 64 rows {steps[64]:.2f} ms, 4 rows "
           f"{steps[4]:.2f} ms ({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)

@@ -158,14 +158,19 @@ def test_continuous_episodes_are_the_reference_loops(monkeypatch, pool, function
 
 
 def test_the_chooser(monkeypatch):
-    """sampling.continuous: continuous batching unless EPISODES says turns, or generate would decode
-    speculatively (agent.py at batch 1: the turn loop keeps its speed path)."""
+    """sampling.continuous: continuous batching unless EPISODES says turns, generate would decode
+    speculatively (agent.py at batch 1) or through the compiled step (the turn loop's speed paths), or
+    one-turn rows fit one batch (nothing to refill)."""
     model = tiny_model(61, 96)
-    assert sampling.continuous(model, False)
+    assert sampling.continuous(model, False, 3, 8, 8) and sampling.continuous(model, False, 1, 9, 8)
+    assert not sampling.continuous(model, False, 1, 8, 8)
+    monkeypatch.setattr(sampling, "COMPILE", True)
+    assert not sampling.continuous(model, False, 3, 8, 8)
+    monkeypatch.setattr(sampling, "COMPILE", False)
     monkeypatch.setattr(sampling, "EPISODES", "turns")
-    assert not sampling.continuous(model, False)
+    assert not sampling.continuous(model, False, 3, 8, 8)
     monkeypatch.setattr(sampling, "EPISODES", "continuous")
     spec = tiny_model(61, 96)
     spec.config.n_mtp = 1
     monkeypatch.setattr(sampling, "SPECULATIVE", lambda *a, **k: None)
-    assert not sampling.continuous(spec, False) and sampling.continuous(spec, True)
+    assert not sampling.continuous(spec, False, 3, 8, 8) and sampling.continuous(spec, True, 3, 8, 8)
