@@ -33,8 +33,9 @@ Parts and the goals they are measured against:
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
   episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
-             tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent)
-             against single-turn sampling of as many tokens from the same prompts (goal >= 0.8x)
+             tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent),
+             turn by turn and by continuous batching, against single-turn sampling of as many tokens
+             from the same prompts (goal >= 0.8x), and where one continuous rep spends its time
   speculative  (needs --ckpt with MTP modules, train_mtp.py; default runs/cpu/mtp/ckpt.pt) speculative
              decoding vs plain: acceptance per draft position, tokens per forward, tokens/s at batch 1
              on the interactive command's path (goal >= 1.5x, exact outputs) and at the RL batch
