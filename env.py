@@ -843,17 +843,19 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
 
     Each further turn continues the row's KV cache (sampling's past): the turn's last token (unless it
     was end-of-text) and the observation are fed on top of it, nothing is re-read, nothing is
-    re-tokenised. An episode also ends when another turn would not fit the context. Returns an
-    Episode per row. The tokens a trainer scores are exactly those sampled: rl.algo.flatten joins
-    each turn's prompt_ids and tokens back into this stream."""
-    if prompts is None:
-        prompts, truncated = encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
-    elif len(prompts) != len(tasks):
-        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
-    else:
-        truncated = [False] * len(prompts)
+    re-tokenised. An episode also ends when another turn would not fit the context. Each row draws
+    from a random stream of its own (sampling.Streams, seeded from generator), continued turn after
+    turn. Returns an Episode per row. The tokens a trainer scores are exactly those sampled:
+    rl.algo.flatten joins each turn's prompt_ids and tokens back into this stream.
+    This loop is the reference; its speed path, continuous batching (episodes_continuous), is chosen
+    here, by sampling.continuous, and samples the same episodes."""
+    if sampling.continuous(model, return_routes, tools.max_turns, len(tasks) * n, batch_size):
+        return episodes_continuous(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p,
+                                   top_k, batch_size, generator, return_routes, progress, prompts)
+    prompts, truncated = episode_prompts(model, tok, tasks, tools, max_new_tokens, prompts)
     stop = [tok.eot_id] + [tok.tool_ids[t] for t in tools.stop_tokens]
     rows = [i for i in range(len(tasks)) for _ in range(n)]
+    seeds = sampling.row_seeds(len(rows), generator) if temperature else None    # a random stream per row
     episodes, was_training = [], model.training
     model.eval()
     try:
@@ -868,9 +870,11 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                 live, more = sorted(feeds), turn < tools.max_turns - 1
                 if not live:
                     break
+                drawn = [sum(len(x.tokens) for x in eps[j].turns) for j in live]    # each row's stream so far
+                streams = sampling.Streams([seeds[s + j] for j in live], drawn) if seeds else None
                 gens = sampling.generate(model, [feeds[j] for j in live], max_new_tokens,   # autocast inside
                                          temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=stop,
-                                         generator=generator, return_routes=return_routes, return_past=more,
+                                         generator=streams, return_routes=return_routes, return_past=more,
                                          past=[pasts[j] for j in live] if turn else None)
                 samples = [as_sample(tok, cut(g, limits.get(j), len(feeds[j])), feeds[j],
                                      turn == 0 and truncated[chunk[j]]) for j, g in zip(live, gens)]
@@ -895,6 +899,95 @@ def run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
         model.train(was_training)
     tools.finish(pool, [(tasks[e.task_idx], e) for e in episodes])   # the verdicts, once all is sampled
     return episodes
+
+
+def episodes_continuous(model, tok, tasks, n, tools, pool, temperature, max_new_tokens, top_p=1.0, top_k=0,
+                        batch_size=64, generator=None, return_routes=False, progress=False, prompts=None):
+    """run_episodes by continuous batching (sampling.Rows): its speed path, with the same arguments and
+    the same episodes (tests/test_episodes.py), but no row waits for another. A row whose action ends
+    is answered by the tool set (step, with the rows that ended at the same token) and fed its
+    observation while the others decode; a finished episode's place goes to the round's next one, at
+    most batch_size at once. The rows are split, a task's rows together, into sampling's decode streams
+    (two on CPU), each a loop of its own (continuous_share). Each row draws from its own random stream,
+    seeded as run_episodes seeds it, so a token does not depend on the rows beside it; a turn with a
+    limit (a summary's cap) stops there, as cut() keeps it."""
+    prompts, truncated = episode_prompts(model, tok, tasks, tools, max_new_tokens, prompts)
+    rows = [i for i in range(len(tasks)) for _ in range(n)]
+    seeds = sampling.row_seeds(len(rows), generator) if temperature else [0] * len(rows)
+    episodes = [Episode(i) for i in rows]
+    k = sampling.n_streams(model, min(len(rows), batch_size))
+    starts = [r for r in range(len(rows)) if r == 0 or rows[r] != rows[r - 1]]     # a task's first row
+    bounds = sorted({min(starts, key=lambda b: abs(b - s * len(rows) // k)) for s in range(k)}) + [len(rows)]
+    shares = [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+              return_routes=return_routes,
+              stop_ids=[tok.eot_id] + [tok.tool_ids[t] for t in tools.stop_tokens])
+    was_training = model.training
+    model.eval()
+    try:
+        with tqdm(total=len(rows), desc="episodes", disable=not progress, leave=False) as bar:
+            def share(js):
+                slots = max(1, -(-batch_size * len(js) // len(rows)))       # its part of the batch
+                return continuous_share(model, tok, tasks, tools, pool, [episodes[j] for j in js], prompts,
+                                        truncated, [seeds[j] for j in js], slots, kw, bar)
+            sampling.side_by_side(model, share, shares)
+    finally:
+        model.train(was_training)
+    tools.finish(pool, [(tasks[e.task_idx], e) for e in episodes])   # the verdicts, once all is sampled
+    return episodes
+
+
+def continuous_share(model, tok, tasks, tools, pool, episodes, prompts, truncated, seeds, slots, kw, bar):
+    """One decode stream of episodes_continuous: these episodes through sampling.Rows, `slots` at once,
+    each turn as run_episodes' loop makes it (the same step, fit, next_feed and as_sample)."""
+    batch = sampling.Rows(model, slots, **kw)
+    todo, feeds, limits, segment = list(range(len(episodes)))[::-1], {}, {}, {}
+    while todo or len(batch):
+        while todo and len(batch) < slots:            # a finished episode's place goes to the next one
+            j = todo.pop()
+            tools.start(tasks[episodes[j].task_idx], episodes[j])
+            feeds[j], limits[j], segment[j] = prompts[episodes[j].task_idx], None, 0
+            batch.feed(j, feeds[j], seed=seeds[j])
+        ended = batch.step()
+        more = {j: len(episodes[j].turns) < tools.max_turns - 1 for j, _ in ended}   # may a turn follow?
+        for group in ([(j, g) for j, g in ended if more[j]], [(j, g) for j, g in ended if not more[j]]):
+            if not group:
+                continue
+            samples = [as_sample(tok, g, feeds[j], not episodes[j].turns and truncated[episodes[j].task_idx])
+                       for j, g in group]
+            said = tools.step(tok, pool, [(tasks[episodes[j].task_idx], episodes[j], x)
+                                          for (j, _), x in zip(group, samples)], more[group[0][0]])
+            for (j, g), x, text in zip(group, samples, said):
+                e, i, nxt = episodes[j], episodes[j].task_idx, None
+                e.turns.append(x)
+                x.segment = segment[j]
+                # a turn stopped by its limit before a stop id is one that cut() cuts: no past follows it
+                was_cut = limits[j] is not None and len(x.tokens) == limits[j] < kw["max_new_tokens"] and \
+                    x.tokens[-1] not in kw["stop_ids"]
+                if text is not None:
+                    nxt = tools.fit(tok, tasks[i], e, x, next_feed(tok, tools, x, text),
+                                    0 if was_cut else g["context"], prompts[i], model.config.seq_len,
+                                    kw["max_new_tokens"])
+                if nxt is not None:
+                    feeds[j], fresh, limits[j] = nxt
+                    x.feedback = text
+                    segment[j] += fresh
+                if nxt is None or len(e.turns) == tools.max_turns:
+                    batch.leave(j)
+                    bar.update()
+                else:
+                    batch.feed(j, feeds[j], fresh=fresh or was_cut, limit=limits[j])
+    return episodes
+
+
+def episode_prompts(model, tok, tasks, tools, max_new_tokens, prompts=None):
+    """The episode loops' prompts and whether each was cut: the tool set's, encoded (encode_prompts),
+    or the ids given per task (a repair's context)."""
+    if prompts is None:
+        return encode_prompts(model, tok, tasks, max_new_tokens, tools.prompt)
+    if len(prompts) != len(tasks):
+        raise ValueError(f"{len(prompts)} prompts for {len(tasks)} tasks")
+    return prompts, [False] * len(prompts)
 
 
 def cut(g, limit, n_fed):

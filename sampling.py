@@ -9,8 +9,11 @@ live beside it, each tested equal to it (tests/test_generate.py), and are chosen
 `generate`, which everything that samples calls (env.run_episodes, eval.py, agent.py, pretraining's
 samples): finished rows retired from the batch (`retiring`), sync-free decoding on a GPU, two decode
 streams on a CPU, a compiled decode step, and speculative decoding with the MTP modules
-(speculative.py, where SPECULATIVE is set). Measured in lab/bench.py (generation, compiled,
-speculative, episodes); the figures are in docs/benchmarks.md and docs/speculative.md.
+(speculative.py, where SPECULATIVE is set). Episodes have a speed path of their own, continuous
+batching (`Rows`, a cache whose rows have lengths of their own; env.episodes_continuous), chosen by
+`continuous`; in both episode loops each row draws from a random stream of its own (`Streams`).
+Measured in lab/bench.py (generation, compiled, speculative, episodes); the figures are in
+docs/benchmarks.md and docs/speculative.md.
 """
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -232,8 +235,11 @@ def draw(probs, generator=None, no_sync=False):
     per row and a binary search (right=True never lands on a zero-probability token).
     torch.multinomial draws V exponentials per row: it was the single biggest cost of CPU generation."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.size(0), 1, generator=generator,
-                   device=generator.device if generator else probs.device)
+    if isinstance(generator, Streams):      # a random stream per row (the episode loops)
+        u = generator.uniform()
+    else:
+        u = torch.rand(probs.size(0), 1, generator=generator,
+                       device=generator.device if generator else probs.device)
     token = torch.searchsorted(cdf, u.to(probs.device) * cdf[:, -1:], right=True).squeeze(-1)
     over = token >= probs.size(-1)     # float rounding at the very top of the cdf: rare
     if no_sync or over.any():   # no_sync: no host read (a GPU speed path); on CPU the check is cheaper
@@ -250,6 +256,46 @@ def sample(logits, temperature, top_k, top_p, generator=None, no_sync=False):
     logp, probs = distribution(logits, temperature, top_k, top_p)
     token = draw(probs, generator, no_sync)
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+class Streams:
+    """A random stream per row, where a torch.Generator is one stream for the batch: row r's u-th number
+    is SplitMix64's (Steele, Lea and Flood 2014, "Fast splittable pseudorandom number generators"): a
+    hash of seeds[r] + u * gamma, computed for all rows at once. A row's draws then depend on neither
+    the rows beside it nor the tokens it drew past its end: the episode loops (env.py) give each row
+    its stream, continued turn after turn (drawn: the tokens it kept), and the turn-by-turn loop and
+    the continuous one sample the same tokens (tests/test_episodes.py). draw() takes one wherever it
+    takes a generator; a Streams indexed by rows is theirs (retiring's retired rows, a decode
+    stream's share). seeds, drawn: ints or (rows,) int64 tensors, which draw() moves on by one."""
+    GAMMA, M1, M2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15   # as int64
+
+    def __init__(self, seeds, drawn=None):
+        self.seeds = torch.as_tensor(seeds, dtype=torch.long)
+        drawn = torch.zeros_like(self.seeds) if drawn is None else torch.as_tensor(drawn, dtype=torch.long)
+        self.drawn = drawn.to(self.seeds.device, copy=True)
+        self.device = self.seeds.device
+
+    def __getitem__(self, rows):
+        return Streams(self.seeds[rows], self.drawn[rows])
+
+    def to(self, device):
+        return Streams(self.seeds.to(device), self.drawn.to(device))
+
+    def uniform(self):
+        """(rows, 1) float32 uniforms in [0, 1), 24 bits each: every row's next number. int64 products
+        wrap as uint64's do; >> is arithmetic, so each shift masks its sign bits off."""
+        self.drawn += 1
+        z = self.seeds + self.drawn * self.GAMMA
+        z = (z ^ ((z >> 30) & (1 << 34) - 1)) * self.M1
+        z = (z ^ ((z >> 27) & (1 << 37) - 1)) * self.M2
+        z = z ^ ((z >> 31) & (1 << 33) - 1)
+        return (((z >> 40) & (1 << 24) - 1).float() / (1 << 24))[:, None]
+
+
+def row_seeds(n, generator=None):
+    """n seeds for Streams, drawn from generator (None: torch's global one), as ints."""
+    device = generator.device if generator is not None else "cpu"
+    return torch.randint(0, 2 ** 62, (n,), generator=generator, device=device).tolist()
 
 
 # Settings of the speed paths, process-wide (like MoE.dispatch: they change speed, and float rounding
@@ -274,6 +320,12 @@ SPECULATIVE = None
 # draws for depend on retiring).
 SYNC_FREE = None
 DONE_EVERY = 16
+# EPISODES: how env.run_episodes runs its episodes. "continuous": env.episodes_continuous, continuous
+# batching over Rows (each row on its own: one whose action ended is fed its observation while the
+# others decode, a finished episode's place goes to the round's next); "turns": the reference, turn by
+# turn, every row waiting for the turn's longest action and for every observation. The two sample the
+# same tokens (row streams, Streams; tests/test_episodes.py). The choice: continuous().
+EPISODES = "continuous"
 
 
 def sync_free(device):
@@ -294,35 +346,70 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     for each op costs more than it gives), but each op releases the GIL, so two independent batches
     decode side by side (lab/bench.py generation). Rows of one prompt stay in one share (its prefill is
     shared). The samples depend on the number of streams, as they depend on the batch; each row's
-    distribution does not. One stream (retiring with the caller's generator) on GPU and
+    distribution does not (and with a Streams generator, each row's samples do not either: a share
+    takes its rows' streams). One stream (retiring with the caller's generator) on GPU and
     under 16 rows per stream. With SPECULATIVE set and a model with MTP modules, each share runs
     it instead (unless routes are asked for). On GPU under bf16 autocast
     (model.autocast; model.py keeps the router in fp32), as training runs."""
     prompts = as_prompt_lists(prompts)
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
     fn = retiring
-    if SPECULATIVE and model.config.n_mtp and not kw.get("return_routes"):
+    if speculates(model, kw.get("return_routes")):
         fn, kw = SPECULATIVE, {k: v for k, v in kw.items() if k not in ("trunk", "return_routes")}
+        if isinstance(generator, Streams):   # its draws are not per row: one generator, seeded from them
+            seed = int(generator.seeds.sum() + generator.drawn.sum()) % 2 ** 62
+            generator = torch.Generator().manual_seed(seed)
     else:
         kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
-    streams = max(1, min(STREAMS if streams is None else streams, n // 16))
-    if not cpu or THREADS != 1:
-        # a GPU: one batch fills it; THREADS other than 1: the streams would oversubscribe the cores
-        streams = 1
+    streams = n_streams(model, n, streams)
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
     bounds = sorted({min(starts, key=lambda b: abs(b - i * n // streams)) for i in range(streams)}) + [n]
     if len(bounds) <= 2 or max_new_tokens <= 0:
         with cpu_threads(THREADS if cpu else 0), autocast(next(model.parameters()).device):
             return fn(model, prompts, max_new_tokens, generator=generator, past=past, **kw)
-    seeds = torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
+    rows = isinstance(generator, Streams)      # a stream per row: each share takes its rows' streams
+    seeds = None if rows else torch.randint(0, 2 ** 62, (len(bounds) - 1,), generator=generator).tolist()
 
     def share(i):   # several streams on CPU only, where autocast is a no-op
         a, b = bounds[i], bounds[i + 1]
-        g = torch.Generator().manual_seed(seeds[i])
+        g = generator[a:b] if rows else torch.Generator().manual_seed(seeds[i])
         return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
     with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
         return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
+
+
+def side_by_side(model, fn, shares):
+    """[fn(share) for share in shares], the shares side by side in decode streams (threads of one torch
+    thread each, as generate runs them); one share runs here, with THREADS torch threads on CPU."""
+    if len(shares) == 1:
+        with cpu_threads(THREADS if next(model.parameters()).device.type == "cpu" else 0):
+            return [fn(shares[0])]
+    with cpu_threads(1), ThreadPoolExecutor(len(shares)) as pool:
+        return list(pool.map(fn, shares))
+
+
+def continuous(model, return_routes, max_turns, rows, batch_size):
+    """Does env.run_episodes take continuous batching (EPISODES), rather than its turn-by-turn loop?
+    Not where generate would decode speculatively or through the compiled step (COMPILE), which are
+    the turn loop's, nor for one-turn episodes whose rows fit one batch: every row starts at once, so
+    no place is refilled, and the two loops decode the same steps (lab/bench.py generation)."""
+    return (EPISODES == "continuous" and not speculates(model, return_routes) and not COMPILE
+            and (max_turns > 1 or rows > batch_size))
+
+
+def speculates(model, return_routes):
+    """Does generate take speculative decoding (SPECULATIVE set, MTP modules, no routes asked for)?"""
+    return bool(SPECULATIVE and model.config.n_mtp and not return_routes)
+
+
+def n_streams(model, n, streams=None):
+    """How many decode streams n rows take: STREAMS (or `streams`) on CPU, with at least 16 rows each;
+    one on a GPU (one batch fills it), and one where THREADS is not 1 (the streams would oversubscribe
+    the cores)."""
+    if next(model.parameters()).device.type != "cpu" or THREADS != 1:
+        return 1
+    return max(1, min(STREAMS if streams is None else streams, n // 16))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,7 +459,9 @@ def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
     every = DONE_EVERY if sync_free(dev) else 1     # read the finished rows every `every` tokens
     # A CPU generator for a GPU model would copy each draw in: replaced by one on the device, seeded
     # from it. Compared by type: torch.Generator("cuda") reports device "cuda", the logits "cuda:0".
-    if generator is not None and generator.device.type != dev.type:
+    if isinstance(generator, Streams):
+        generator = generator.to(dev)
+    elif generator is not None and generator.device.type != dev.type:
         generator = torch.Generator(dev).manual_seed(int(torch.randint(2 ** 62, (1,), generator=generator)))
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
     logprobs = torch.zeros(B, max_new_tokens, device=dev)
@@ -402,6 +491,7 @@ def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         if n_done == len(alive):
             break
         if n_done and 8 * n_done >= len(alive):   # retire finished rows
+            generator = generator[~done] if isinstance(generator, Streams) else generator
             token, valid, pos, alive, done = retire(done, cache, save_past if return_past else None,
                                                     token, valid, pos, alive, done)
         mask = valid[:, None, None, :cache.pos + 1] if padded else None
@@ -415,6 +505,228 @@ def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         for j in range(len(alive)):
             save_past(j)
     return outputs(tokens, logprobs, n_out, pasts if return_past else None, routes, prompts, L)
+
+
+# ----------------------------------------------------------------------------------------------
+# Continuous batching: rows at lengths of their own (env.episodes_continuous keeps their episodes)
+
+class RowCache:
+    """Keys/values of rows that each have a length of their own (KVCache's rows share one): row r's
+    context fills columns [0, lens[r]) with no pads, so a column is its token's RoPE position. Before a
+    forward, at(rows, T) names the rows it feeds (None: all) and has each write T columns from its own
+    length on; update() writes them and returns those rows' keys up to the longest; mask() is what
+    each query sees (its row's columns up to its own). routes: the experts of each column's token
+    (record; router replay), where asked for. Columns grow as the rows need them."""
+
+    def __init__(self, n_layer, n_rows, device, routes=None, cols=256):
+        self.k, self.v, self.cols = [None] * n_layer, [None] * n_layer, cols
+        self.lens = torch.zeros(n_rows, dtype=torch.long, device=device)
+        self.all = torch.arange(n_rows, device=device)
+        self.routes = None if routes is None else torch.zeros(routes[0], n_rows, cols, routes[1],
+                                                              dtype=ROUTE_DTYPE, device=device)
+
+    def at(self, rows, T):
+        """-> (R, T): the column of each fed token, which is its position."""
+        self.rows = rows
+        lens = self.lens if rows is None else self.lens[rows]
+        self.where = lens[:, None] + torch.arange(T, device=lens.device)
+        self.end = int(self.where[:, -1].max()) + 1
+        if self.end > self.cols:
+            self.grow(max(self.end, 2 * self.cols))
+        return self.where
+
+    def mask(self):
+        return (torch.arange(self.end, device=self.where.device) <= self.where[:, :, None])[:, None]
+
+    def update(self, i, k, v):
+        if self.k[i] is None:
+            B, H, _, D = k.shape
+            self.k[i] = k.new_zeros(len(self.lens), H, self.cols, D)
+            self.v[i] = v.new_zeros(len(self.lens), H, self.cols, D)
+        r = (self.all if self.rows is None else self.rows)[:, None]
+        self.k[i][r, :, self.where] = k.transpose(1, 2)
+        self.v[i][r, :, self.where] = v.transpose(1, 2)
+        if self.rows is None:
+            return self.k[i][:, :, :self.end], self.v[i][:, :, :self.end]
+        return self.k[i][self.rows, :, :self.end], self.v[i][self.rows, :, :self.end]
+
+    def record(self, chosen):   # the fed tokens' experts, (R * T, top_k) per MoE layer, at their columns
+        if self.routes is not None and chosen:
+            R, T = self.where.shape
+            r = (self.all if self.rows is None else self.rows)[:, None]
+            self.routes[:, r, self.where] = torch.stack(chosen).view(len(chosen), R, T, -1).to(ROUTE_DTYPE)
+
+    def grow(self, cols):
+        more = lambda t, dim: None if t is None else torch.cat(                          # noqa: E731
+            [t, t.new_zeros(*t.shape[:dim], cols - t.size(dim), *t.shape[dim + 1:])], dim)
+        self.k, self.v = [more(t, 2) for t in self.k], [more(t, 2) for t in self.v]
+        self.routes, self.cols = more(self.routes, 2), cols
+
+    def copy(self, src, dst):   # rows dst become copies of rows src (identical contexts read once)
+        n = int(self.lens[src].max())
+        for t in self.k + self.v + ([] if self.routes is None else [self.routes.transpose(0, 1)]):
+            if t is not None:
+                t[dst, :, :n] = t[src, :, :n]
+        self.lens[dst] = self.lens[src]
+
+    def select(self, rows):     # keep these rows only (free places dropped)
+        self.k = [t if t is None else t.index_select(0, rows) for t in self.k]
+        self.v = [t if t is None else t.index_select(0, rows) for t in self.v]
+        self.lens, self.all = self.lens[rows], self.all[:len(rows)]
+        self.routes = None if self.routes is None else self.routes.index_select(1, rows)
+
+
+def padded_runs(lens, overhead=32):
+    """Rows sorted by the length of their feed -> runs of them, each read by one right-padded forward
+    of (rows x its longest) token slots: the split with the fewest slots, a forward counting
+    `overhead` slots more (its fixed cost: about 32 tokens' worth on CPU). Dynamic programming over
+    where each run starts."""
+    best, start = [0], [0]
+    for i in range(1, len(lens) + 1):
+        cost, j = min((best[j] + overhead + (i - j) * lens[i - 1], j) for j in range(i))
+        best.append(cost)
+        start.append(j)
+    runs, i = [], len(lens)
+    while i:
+        runs.append(range(start[i], i))
+        i = start[i]
+    return runs[::-1]
+
+
+class Rows:
+    """Continuous batching (Orca, Yu et al. OSDI 2022): rows that each run on their own, the model's
+    side of the episode loop's speed path (env.episodes_continuous keeps the episodes). A row is fed
+    ids (feed: a prompt, an observation, a fresh context), then samples its turn a token a step until a
+    stop id, its limit or max_new_tokens; step() returns the rows whose turn ended (reference's
+    outputs, and context: the ids in the row's cache), and each then waits, its cache kept, to be fed
+    again or to leave; the other rows go on meanwhile. A step: the queued feeds' prefill (those rows
+    alone, right-padded; identical fresh contexts read once), a token for every row from its own
+    random stream (Streams), then one decode forward of the rows that go on (a waiting or free place
+    runs along, its junk written past its end and never read). Rows are named by the caller's ids; a
+    new one takes a free place, and free places are dropped in bulk once 1/8 of them are free, as
+    retiring drops finished rows. The host reads which rows ended every step (a GPU waits for it)."""
+
+    def __init__(self, model, n_rows, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
+                 return_routes=False):
+        dev = next(model.parameters()).device
+        self.model, self.dev, self.max_new = model, dev, max_new_tokens
+        self.draw = (temperature, top_k, top_p)
+        self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+        self.cache = RowCache(model.config.n_layer, n_rows, dev,
+                              (model.n_moe_layers, model.config.top_k) if return_routes else None)
+        self.ids, self.place, self.queued, self.start = [None] * n_rows, {}, {}, [0] * n_rows
+        self.streams = Streams([0] * n_rows).to(dev)
+        self.tokens = torch.zeros(n_rows, max_new_tokens, dtype=torch.long, device=dev)
+        self.logprobs = torch.zeros(n_rows, max_new_tokens, device=dev)
+        self.n = torch.zeros(n_rows, dtype=torch.long, device=dev)      # tokens of the row's turn so far
+        self.limit = torch.full((n_rows,), max_new_tokens, device=dev)
+        self.logits = torch.zeros(n_rows, model.config.vocab_size, device=dev)
+        self.live = torch.zeros(n_rows, dtype=torch.bool, device=dev)
+
+    def __len__(self):
+        return len(self.place)
+
+    def feed(self, i, ids, fresh=False, limit=None, seed=None):
+        """Row i's next ids: on top of its cache, or (fresh) as a new context; its turn keeps at most
+        `limit` tokens (None: max_new_tokens). seed: a new row, its stream's seed (its first feed)."""
+        if not ids:
+            raise ValueError("empty prompt")       # as generate says
+        if seed is not None:
+            if None not in self.ids:
+                raise ValueError("Rows: no free place (at most n_rows rows at once)")
+            p = self.place[i] = self.ids.index(None)
+            self.ids[p], self.streams.seeds[p], self.streams.drawn[p], fresh = i, seed, 0, True
+            self.live[p] = True
+        p = self.place[i]
+        self.queued[p] = (list(ids), fresh)
+        self.limit[p] = min(limit or self.max_new, self.max_new)
+
+    def leave(self, i):
+        p = self.place.pop(i)
+        self.ids[p], self.live[p], self.cache.lens[p] = None, False, 0
+
+    @torch.no_grad()
+    def step(self):
+        """Prefill what is queued, draw a token for every row, feed those of the rows that go on. ->
+        [(row id, {"tokens", "logprobs"[, "routes"], "context"})] for each row whose turn ended."""
+        with autocast(self.dev):
+            free = self.ids.count(None)
+            if free and free >= len(self.ids) / 8:
+                self.drop_free()
+            if self.queued:
+                self.prefill()
+            if not self.place:
+                return []
+            token, lp = sample(self.logits, *self.draw, self.streams)
+            at = self.n.clamp_max(self.max_new - 1)       # free places count on: kept in bounds
+            self.tokens[self.cache.all, at], self.logprobs[self.cache.all, at] = token, lp
+            self.n += 1
+            end = torch.isin(token, self.stop) | (self.n >= self.limit)
+            ended = [p for p in end.nonzero().squeeze(1).tolist() if self.ids[p] is not None]
+            outs = self.outputs(ended)
+            if len(ended) < len(self.place):
+                where = self.cache.at(None, 1)
+                h, chosen = self.model.trunk(token[:, None], where, self.cache, self.cache.mask())
+                self.cache.record(chosen)
+                self.cache.lens += self.live & ~end
+                self.logits = self.model.lm_head(h[:, -1]).float()
+            return outs
+
+    def prefill(self):
+        """The queued feeds, each row's from its own length (0: fresh): rows of like lengths in one
+        forward (padded_runs); a fresh feed identical to another's is read once and copied (a task's
+        G rows share a prompt)."""
+        places, first = sorted(self.queued), {}
+        for p in places:
+            ids, fresh = self.queued[p]
+            self.cache.lens[p] = 0 if fresh else self.cache.lens[p]
+            self.start[p] = int(self.cache.lens[p])
+            first.setdefault(tuple(ids) if fresh else p, p)
+        src = sorted(set(first.values()), key=lambda p: len(self.queued[p][0]))
+        for run in padded_runs([len(self.queued[p][0]) for p in src]):
+            feeds = [self.queued[src[r]][0] for r in run]
+            idx = torch.zeros(len(feeds), len(feeds[-1]), dtype=torch.long, device=self.dev)   # right-padded
+            for r, f in enumerate(feeds):
+                idx[r, :len(f)] = torch.tensor(f, device=self.dev)
+            rows = torch.tensor([src[r] for r in run], device=self.dev)
+            where = self.cache.at(rows, idx.size(1))
+            h, chosen = self.model.trunk(idx, where, self.cache, self.cache.mask())
+            self.cache.record(chosen)
+            n = torch.tensor([len(f) for f in feeds], device=self.dev)
+            self.cache.lens[rows] += n
+            self.logits[rows] = self.model.lm_head(h[torch.arange(len(feeds)), n - 1]).float()
+        dups = [(first[tuple(self.queued[p][0])], p) for p in places if p not in src]
+        if dups:
+            s, d = (torch.tensor(x, device=self.dev) for x in zip(*dups))
+            self.cache.copy(s, d)
+            self.logits[d] = self.logits[s]
+        self.n[torch.tensor(places, device=self.dev)] = 0
+        self.queued = {}
+
+    def outputs(self, ended):
+        if not ended:
+            return []
+        rows = torch.tensor(ended, device=self.dev)
+        n, lens = self.n[rows].tolist(), self.cache.lens[rows].tolist()
+        tokens, logprobs = self.tokens[rows].tolist(), self.logprobs[rows].tolist()
+        outs = []
+        for r, p in enumerate(ended):
+            o = {"tokens": tokens[r][:n[r]], "logprobs": logprobs[r][:n[r]], "context": lens[r]}
+            if self.cache.routes is not None:   # the turn's fed ids and its tokens but the last
+                o["routes"] = self.cache.routes[:, p, self.start[p]:lens[r]].to("cpu").clone()
+            outs.append((self.ids[p], o))
+        return outs
+
+    def drop_free(self):
+        keep = [p for p, i in enumerate(self.ids) if i is not None]
+        rows = torch.tensor(keep, dtype=torch.long, device=self.dev)
+        self.cache.select(rows)
+        self.streams = self.streams[rows]
+        self.tokens, self.logprobs, self.n, self.limit, self.logits, self.live = (
+            x[rows] for x in (self.tokens, self.logprobs, self.n, self.limit, self.logits, self.live))
+        self.ids, self.start = [self.ids[p] for p in keep], [self.start[p] for p in keep]
+        self.queued = {keep.index(p): q for p, q in self.queued.items()}
+        self.place = {i: p for p, i in enumerate(self.ids)}
 
 
 # ----------------------------------------------------------------------------------------------

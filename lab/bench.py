@@ -32,8 +32,9 @@ Parts and the goals they are measured against:
   compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
              question: does a compiled step close the gap?)
   episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
-             tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent)
-             against single-turn sampling of as many tokens from the same prompts (goal >= 0.8x)
+             tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent),
+             turn by turn and by continuous batching, against single-turn sampling of as many tokens
+             from the same prompts (goal >= 0.8x), and where one continuous rep spends its time
   speculative  (needs --ckpt with MTP modules, train_mtp.py; default runs/cpu/mtp/ckpt.pt) speculative
              decoding vs plain: acceptance per draft position, tokens per forward, tokens/s at batch 1
              on the interactive command's path (goal >= 1.5x, exact outputs) and at the RL batch
@@ -282,7 +283,8 @@ def bench_generation(quick, device=CPU):
     preset calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts;
     and the same with the decode step compiled, --compile-decode, timed after its compile; None where
     compiling failed,
-    rl_generation_compiled_error says why). Completion lengths follow the token lengths
+    rl_generation_compiled_error says why; and forced through continuous batching, sampling.EPISODES,
+    which sampling.continuous leaves to the turn loop for one-turn rows that fit one batch). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep.
     On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
@@ -305,7 +307,7 @@ def bench_generation(quick, device=CPU):
     prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
     g = torch.Generator(device)
-    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_compiled": []}
+    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_continuous": [], "rl_compiled": []}
     pool = SandboxPool(timeout_s=1.0)
 
     def forward():
@@ -323,14 +325,15 @@ def bench_generation(quick, device=CPU):
                               stop_ids=[tok.eot_id], generator=g, return_routes=True)
         return sum(len(o["tokens"]) for o in outs)
 
-    def rl_sampling(compiled=False):   # compiled: the decode step through torch.compile (--compile-decode)
-        g.manual_seed(2)
-        before, sampling.COMPILE = sampling.COMPILE, compiled
+    def rl_sampling(compiled=False, loop=None):   # compiled: the decode step through torch.compile
+        g.manual_seed(2)                          # (--compile-decode); loop: sampling.EPISODES (None: as set)
+        before = sampling.COMPILE, sampling.EPISODES
+        sampling.COMPILE, sampling.EPISODES = compiled, loop or before[1]
         try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
             eps = env.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
                                       max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
         finally:
-            sampling.COMPILE = before
+            sampling.COMPILE, sampling.EPISODES = before
         return sum(len(e.turns[0].tokens) for e in eps)
     forward()   # warm-up
     for h in hooks:
@@ -342,7 +345,8 @@ def bench_generation(quick, device=CPU):
     # compiles the decode step (the inductor cache on disk makes later processes faster)
     compile_err, compile_s = timed(lambda: compile_error(lambda: rl_sampling(True)), device)
     arms = [("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
-            ("rl", rl_sampling), ("rl_compiled", lambda: rl_sampling(True))]
+            ("rl", rl_sampling), ("rl_continuous", lambda: rl_sampling(loop="continuous")),
+            ("rl_compiled", lambda: rl_sampling(True))]
     # one CPU thread means nothing to a GPU; a failed compile would time the eager trunk again
     skip = ({"forward_1thread"} if not cpu else set()) | ({"rl_compiled"} if compile_err else set())
     arms = [(k, fn) for k, fn in arms if k not in skip]
@@ -354,21 +358,25 @@ def bench_generation(quick, device=CPU):
         h.remove()
     pool.close()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
-    fwd_n, fwd_1, gen, rl, rl_c = (max((r for r, _ in res[k]), default=None) for k in
-                                   ("forward", "forward_1thread", "generate", "rl", "rl_compiled"))
+    fwd_n, fwd_1, gen, rl, rl_cb, rl_c = (max((r for r, _ in res[k]), default=None) for k in
+                                          ("forward", "forward_1thread", "generate", "rl", "rl_continuous",
+                                           "rl_compiled"))
     fwd_1 = fwd_1 if cpu else fwd_n
     fwd = max(fwd_n, fwd_1)
     mean_len = res["generate"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
            "generate_tok_s": gen, "rl_generation_tok_s": rl, "rl_generation_compiled_tok_s": rl_c,
            "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd,
+           "rl_generation_continuous_tok_s": rl_cb, "rl_generation_continuous_vs_forward": rl_cb / fwd,
            "rl_generation_compiled_vs_forward": None if rl_c is None else rl_c / fwd, "compile_decode_s": compile_s,
            "rl_generation_compiled_error": compile_err,
            "generate_mean_len": mean_len, "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
     compiled = (f"compiled decode: failed ({compile_err})" if compile_err else
                 f"compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a {compile_s:.0f} s compile")
     print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
-          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; {compiled})   mean completion {mean_len:.1f} tokens", flush=True)
+          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; forced through continuous batching {rl_cb:7.0f}, "
+          f"{rl_cb / fwd:.0%}; {compiled})   "
+          f"mean completion {mean_len:.1f} tokens", flush=True)
     print(f"  one decode step on {'one thread' if cpu else 'the GPU'}: 64 rows {steps[64]:.2f} ms, 4 rows "
           f"{steps[4]:.2f} ms ({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
     return out
@@ -668,11 +676,13 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
 
 
 def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
-    """Episode sampling against single-turn sampling at equal tokens (issue 45): the agent's RL batch,
-    8 held-out repository tasks x 8 episodes through env.Tools (env.run_episodes: every turn's
-    generate, the observations' prefill on the kept cache, the tools and their sandboxed test runs),
-    then one generate of the same 64 prompts with no stop, as many new tokens per row as the episodes
-    sampled on average: the single-turn arm at its best (no ragged ends). Tokens/s of each, best rep."""
+    """Episode sampling against single-turn sampling at equal tokens (issues 45 and 55): the agent's RL
+    batch, 8 held-out repository tasks x 8 episodes through env.Tools (env.run_episodes: every turn's
+    tokens, the observations' prefill, the tools and their sandboxed test runs), by the turn-by-turn
+    loop (sampling.EPISODES = "turns", the reference: before issue 55) and by continuous batching
+    (the default, after), which sample the same tokens (row streams); then one generate of the same 64
+    prompts with no stop, as many new tokens per row as the episodes sampled on average: the
+    single-turn arm at its best (no ragged ends). Arms interleaved; tokens/s of each, best rep."""
     from infra import common
     import sampling
     import env
@@ -685,29 +695,86 @@ def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
     tasks = generate_repo_tasks("test", 8, seed=5, difficulties=[1, 2])
     tools, g = env.Tools(), torch.Generator(device)
     prompts = env.encode_prompts(model, tok, tasks, 96, tools.prompt)[0]
-    res = {"episodes": [], "single": []}
+    res = {"turns": [], "continuous": [], "single": []}
     with SandboxPool(timeout_s=1.0) as pool:
-        def episodes():
+        def episodes(mode):
             g.manual_seed(3)
-            eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
-                                      return_routes=True)
+            before, sampling.EPISODES = sampling.EPISODES, mode
+            try:
+                eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
+                                       return_routes=True)
+            finally:
+                sampling.EPISODES = before
             return sum(len(t.tokens) for e in eps for t in e.turns), sum(len(e.turns) for e in eps)
 
         def single(per_row):
             g.manual_seed(4)
             outs = sampling.generate(model, [p for p in prompts for _ in range(8)], per_row, temperature=1.0,
-                                 generator=g, return_routes=True)
+                                     generator=g, return_routes=True)
             return sum(len(o["tokens"]) for o in outs)
         for _ in range(2 if quick else 4):
-            (n, turns), s = timed(episodes, device)
-            res["episodes"].append(n / s)
+            for mode in ("turns", "continuous"):
+                (n, turns), s = timed(lambda: episodes(mode), device)
+                res[mode].append(n / s)
             m, s = timed(lambda: single(max(1, round(n / 64))), device)
             res["single"].append(m / s)
-    ep, one = max(res["episodes"]), max(res["single"])
-    print(f"  tokens/s  tool episodes {ep:7.0f} ({n} tokens in {turns} turns of 64 episodes)   single-turn "
-          f"{one:7.0f} ({m} tokens)   ratio {ep / one:.2f} (goal >= 0.8)", flush=True)
-    return {"episode_tok_s": ep, "single_turn_tok_s": one, "episode_vs_single_turn": ep / one,
-            "episode_tokens": n, "episode_turns": turns}
+        split = episodes_profile(lambda: episodes("continuous"), env, sampling)
+    ep, cb, one = max(res["turns"]), max(res["continuous"]), max(res["single"])
+    print(f"  continuous, one more rep profiled on one decode stream: {split['wall_s']:.2f} s = decode steps {split['decode_s']:.2f} s "
+          f"({split['decode_steps']} steps, {split['decode_rows'] / max(1, split['decode_steps']):.1f} rows a step) "
+          f"+ prefill {split['prefill_s']:.2f} s ({split['prefill_ids']} ids fed) + tools {split['tools_s']:.2f} s + "
+          f"the rest {split['other_s']:.2f} s", flush=True)
+    print(f"  tokens/s  tool episodes: turn by turn {ep:7.0f}, continuous {cb:7.0f} ({n} tokens in {turns} turns "
+          f"of 64 episodes)   single-turn {one:7.0f} ({m} tokens)   ratio {ep / one:.2f} -> {cb / one:.2f} "
+          f"(goal >= 0.8; every rep: turns {[round(r / o, 2) for r, o in zip(res['turns'], res['single'])]}, "
+          f"continuous {[round(r / o, 2) for r, o in zip(res['continuous'], res['single'])]})", flush=True)
+    return {"episode_tok_s": cb, "episode_turns_tok_s": ep, "single_turn_tok_s": one,
+            "episode_vs_single_turn": cb / one, "episode_turns_vs_single_turn": ep / one,
+            "episode_tokens": n, "episode_turns": turns, **{f"episode_profile_{k}": v for k, v in split.items()}}
+
+
+def episodes_profile(run, env, sampling):
+    """Where one run of continuous batching spends its time, on one decode stream (sampling.STREAMS = 1,
+    so that the parts add up to the wall time): sampling.Rows.step less its prefill (the decode steps:
+    a token drawn for every row, one decode forward; decode_rows: the rows of every step, summed),
+    Rows.prefill (the observations and prompts fed; prefill_ids: the ids queued, a prompt counted for
+    each of its rows although it is read once), the tool sets' step (the actions, their sandbox runs),
+    and the rest of the wall time (the episode loop, tokenizing observations, the verdicts)."""
+    spent = {"decode_s": 0.0, "prefill_s": 0.0, "tools_s": 0.0, "decode_steps": 0, "decode_rows": 0,
+             "prefill_ids": 0}
+    real = {"step": sampling.Rows.step, "prefill": sampling.Rows.prefill, "tools": env.Tools.step}
+    lock = threading.Lock()
+
+    def timed_call(key, fn, *a):
+        t0 = time.perf_counter()
+        out = fn(*a)
+        with lock:
+            spent[key] += time.perf_counter() - t0
+        return out
+
+    def step(self):
+        with lock:
+            spent["decode_steps"] += 1
+            spent["decode_rows"] += len(self)
+        return timed_call("decode_s", real["step"], self)
+
+    def prefill(self):
+        with lock:
+            spent["prefill_ids"] += sum(len(ids) for ids, _ in self.queued.values())
+        return timed_call("prefill_s", real["prefill"], self)
+    sampling.Rows.step, sampling.Rows.prefill = step, prefill
+    env.Tools.step = lambda self, *a: timed_call("tools_s", real["tools"], self, *a)
+    streams, sampling.STREAMS = sampling.STREAMS, 1
+    try:
+        t0 = time.perf_counter()
+        run()
+        spent["wall_s"] = time.perf_counter() - t0
+    finally:
+        sampling.Rows.step, sampling.Rows.prefill, env.Tools.step = real["step"], real["prefill"], real["tools"]
+        sampling.STREAMS = streams
+    spent["decode_s"] -= spent["prefill_s"]          # step's time includes its prefill
+    spent["other_s"] = spent["wall_s"] - spent["decode_s"] - spent["prefill_s"] - spent["tools_s"]
+    return spent
 
 
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,

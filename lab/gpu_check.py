@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from lab.bench import CPU, ROOT, bench_model, run_script, timed
+from sandbox import SandboxPool
 
 COLLECTIVES = """
 import json, sys, torch, torch.distributed as dist
@@ -288,6 +289,42 @@ def gpu_check_generate(ckpt, device):
             "host_syncs_per_token_fp32": syncs32, "ok": n > 0 and (syncs is None or (syncs < 1 and syncs32 < 1))}
 
 
+def gpu_check_episodes(ckpt, device):
+    """Multi-turn episodes (issue 55) on the checkpoint just trained, by the turn-by-turn loop
+    (sampling.EPISODES = "turns", the reference) and by continuous batching (the default), side by
+    side in one run: Feedback(3) episodes of function tasks (its tokenizer has no tool tokens), 16
+    tasks x 8 episodes of up to 128 new tokens a turn (4 x 4 of 16 reduced), each loop timed after a
+    warm-up; tokens/s of each, their ratio, and the share of episodes whose tokens agree (the loops
+    sample alike, but bf16 rounds a row differently beside other rows, and one flipped draw changes
+    the rest of its episode). The host reads which rows ended at every token of the continuous loop."""
+    from infra import common
+    import sampling
+    import env
+    from data.tasks import generate_tasks
+    cuda = device.type == "cuda"
+    model, tok, _ = common.load_checkpoint(ckpt, device=device)
+    model.eval()
+    tasks, n, new = (generate_tasks("test", 16, seed=2), 8, 128) if cuda else \
+        (generate_tasks("test", 4, seed=2), 4, 16)
+    out, rate = {}, {}
+    with SandboxPool(workers=2 if not cuda else None, timeout_s=1.0) as pool:
+        for loop in ("turns", "continuous", "turns", "continuous"):     # the first two warm up
+            before, sampling.EPISODES = sampling.EPISODES, loop
+            try:
+                run = lambda: env.run_episodes(model, tok, tasks, n, env.Feedback(3), pool, 1.0, new,  # noqa: E731
+                                               batch_size=128, return_routes=True,
+                                               generator=torch.Generator(device).manual_seed(0))
+                eps, dt = timed(run, device)
+            finally:
+                sampling.EPISODES = before
+            out[loop], rate[loop] = eps, sum(len(t.tokens) for e in eps for t in e.turns) / dt
+    same = sum([t.tokens for t in a.turns] == [t.tokens for t in b.turns]
+               for a, b in zip(out["turns"], out["continuous"])) / len(out["turns"])
+    return {"episodes_turns_tok_s": rate["turns"], "episodes_continuous_tok_s": rate["continuous"],
+            "episodes_continuous_vs_turns": rate["continuous"] / rate["turns"], "episodes_same_tokens": same,
+            "rows": len(out["turns"]), "ok": rate["turns"] > 0 and rate["continuous"] > 0}
+
+
 def gpu_check_train_syncs(ckpt, device, preset):
     """Host synchronisations of one RL training micro-batch, train_rl.micro_batch_loss as a step calls
     it (its batch on the host; forward under bf16 autocast on a GPU with router replay, packed prompts
@@ -300,7 +337,6 @@ def gpu_check_train_syncs(ckpt, device, preset):
     from infra import common
     from rl.algo import batch_tensors, segments
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
-    from sandbox import SandboxPool
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
     import env
     with SandboxPool(workers=1) as pool:
@@ -422,6 +458,7 @@ def gpu_check(out_dir):
                                                       ROOT], 300), ok=True),
               "pretrain": lambda: gpu_check_pretrain(probe, pre),
               "generate": lambda: gpu_check_generate(ckpt, device),
+              "episodes": lambda: gpu_check_episodes(ckpt, device),
               "train_syncs": lambda: gpu_check_train_syncs(ckpt, device, preset),
               "ratios": lambda: gpu_check_ratios(device),
               "rl": lambda: gpu_check_rl(probe, rl1),
@@ -445,7 +482,7 @@ def gpu_check(out_dir):
             r = {"ok": False, "error": f"{type(e).__name__}: {str(e)[-500:]}"}
         r["s"] = round(time.time() - t0, 3)
         results[name] = {k: v for k, v in r.items()
-                         if k in keep or k.startswith(("sdpa_", "rl_", "grouped_mm_", "ddp_"))}
+                         if k in keep or k.startswith(("sdpa_", "rl_", "grouped_mm_", "ddp_", "episodes_"))}
         print(f"[{name}] {'ok' if r['ok'] else 'FAILED'} in {r['s']:.1f} s: {results[name]}", file=sys.stderr, flush=True)
     if "collectives" in results and results["collectives"]["ok"]:
         c = results["collectives"]

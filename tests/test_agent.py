@@ -118,13 +118,15 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
         assert all(x.feedback for x in e.turns[:-1]) and not e.turns[-1].feedback
         for x, r in zip(e.turns, e.results):
             assert r.outcome == pool.run_batch(env.runs([t], [x.completion]))[0].outcome
-    # one turn is exactly generate() on the prompts (same generator, same batches): single-turn sampling
+    # one turn is exactly generate() on the prompts, each row drawing from its own stream (seeded from the
+    # generator): single-turn sampling
     one = env.run_episodes(model, tok, ts, 3, env.Feedback(1), pool, 1.0, 12, batch_size=8,
                               generator=torch.Generator().manual_seed(0))
     prompts = [tok.encode(env.render_prompt(t)) for t in ts for _ in range(3)]
-    g = torch.Generator().manual_seed(0)
+    seeds = sampling.row_seeds(18, torch.Generator().manual_seed(0))
     ref = [o for i in range(0, 18, 8) for o in sampling.generate(model, prompts[i:i + 8], 12, temperature=1.0,
-                                                             stop_ids=[tok.eot_id], generator=g)]
+                                                             stop_ids=[tok.eot_id],
+                                                             generator=sampling.Streams(seeds[i:i + 8]))]
     assert [e.turns[0].tokens for e in one] == [o["tokens"] for o in ref]
     assert [e.result.outcome for e in one] == [r.outcome for r in pool.run_batch(
         env.runs([ts[e.task_idx] for e in one], [e.turns[0].completion for e in one]))]
@@ -199,6 +201,7 @@ def test_repair_groups_branch_failed_attempts_and_train_on_policy(tiny, pool, tm
     monkeypatch.setattr(rollouts, "sample_repairs", rigged_repairs)
     monkeypatch.setattr(rollouts, "repair_roots", recorded_roots)
     monkeypatch.setattr(rollouts.env, "run_episodes", resubmitting)
+    monkeypatch.setattr(sampling, "EPISODES", "turns")   # the rig counts rows in one step call: all of a turn's
     rounds = []
 
     def one_round():     # rl_step over one round of the tasks ts, its groups recorded and not trained on

@@ -63,7 +63,8 @@ def test_gpu_check_runs_reduced_on_cpu(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["reduced"] is True and r["ok"] is True and r["device"] == "cpu", r
-    stages = ("kernels", "grouped_mm", "collectives", "pretrain", "generate", "train_syncs", "ratios", "rl", "ddp")
+    stages = ("kernels", "grouped_mm", "collectives", "pretrain", "generate", "episodes", "train_syncs", "ratios",
+              "rl", "ddp")
     assert r["verdicts"] == dict.fromkeys(stages, True), r["verdicts"]
     for stage in stages:
         assert r[stage]["ok"] and r[stage]["s"] > 0, (stage, r[stage])
@@ -76,6 +77,8 @@ def test_gpu_check_runs_reduced_on_cpu(tmp_path):
     assert r["train_host_syncs"] == 0                                              # none on CPU (tests/test_rl.py)
     assert r["prep_s"] > 0 and r["plan_prep_s"] >= 0
     assert r["kernels"]["sdpa_causal_gqa_fused"] is True                          # CPU's flash kernel takes it
+    # both episode loops timed; in fp32 they sample alike (a draw at a float-rounding boundary may flip one)
+    assert r["episodes"]["episodes_continuous_vs_turns"] > 0 and r["episodes"]["episodes_same_tokens"] >= 0.5
 
 
 def test_grouped_mm_check_catches_wrong_expert_gradients(monkeypatch):
