@@ -38,7 +38,7 @@ FORMAT = "codebpe-v1"
 # and an observation is fed between <|obs|> and <|/obs|>: raw text between delimiters, no JSON escaping
 # (nanochat's tool use: special tokens around a raw payload); <|summary|> is the harness's request for a
 # summary, which the model writes and closes by <|end|>. A tokenizer has them only after
-# with_tools() (infra/surgery.py add_tokens gives the model their rows): the base recipe never sees them.
+# with_tools() (model.add_tokens gives the model their rows): the base recipe never sees them.
 TOOL_TOKENS = ("<|ls|>", "<|read|>", "<|edit|>", "<|test|>", "<|submit|>", "<|end|>", "<|obs|>", "<|/obs|>",
                "<|summary|>", "<|grep|>", "<|run|>")
 

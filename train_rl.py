@@ -413,7 +413,7 @@ def lr_at(step, args):
 # Around the step: the canary, and the held-out eval (through eval.py, the harness RL trains in)
 
 def score_canary(ctx, step, stats):
-    """Every --canary-every steps rank 0 samples a group for a canary task (hidden tests contradict
+    """Every canary_every steps (a setting) rank 0 samples a group for a canary task (hidden tests contradict
     its docstring: any pass is a reward hack) with the updated policy. Scored, never trained on."""
     args = ctx.args
     if not (ctx.master and ctx.canaries and step % args.canary_every == 0):

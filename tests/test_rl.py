@@ -594,9 +594,10 @@ def test_ddp_two_processes_equal_one(balance, tiny_ckpt, tiny_aux_ckpt, tmp_path
     assert len(r1) == len(r2) == 2
     for x, y in zip(r1, r2):
         assert x["trained_seqs"] == y["trained_seqs"] == 12
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-7)
         # aux: the global-batch loads are complete only at a step's last micro-batch, and micro-batches
-        # differ between 1 and 2 processes, so the aux gradient agrees to ~1%, not exactly
+        # differ between 1 and 2 processes, so the aux term (in the loss) and its gradient agree to ~1e-3
+        # and ~1%, not exactly
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4 if balance == "bias" else 1e-3, abs=1e-7)
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4 if balance == "bias" else 0.03)
 
 
