@@ -438,12 +438,13 @@ def test_smoke_recipe_from_a_model_directory(tmp_path, tok_files, arch):
     with open(tok_files[STYLE[arch]][0]) as src, open(os.path.join(d, "tokenizer.json"), "w") as dst:
         dst.write(src.read())
     out = str(tmp_path)
+    # a small --lr: 4 steps at the preset's 3e-3 wear off ends_often's stops (every sample then runs to
+    # the token limit, every group has one length and one reward, and nothing trains)
     cpt = run(["train_pretrain.py", "--preset", "smoke", "--init-from", d, "--seq-len", "128",
-               "--max-steps", "4", "--out-dir", f"{out}/cpt"])
+               "--max-steps", "4", "--lr", "1e-4", "--out-dir", f"{out}/cpt"])
     assert cpt["steps"] == 4 and cpt["val_bpb"] > 0
-    # --len-penalty: rewards that differ within a group although no random model passes, so steps train;
-    # RL from the directory itself, as continued pretraining wears off ends_often's stops
-    rl = run(["train_rl.py", "--preset", "smoke", "--init-from", d, "--steps", "2", "--len-penalty",
+    # --len-penalty: rewards that differ within a group although no random model passes, so steps train
+    rl = run(["train_rl.py", "--preset", "smoke", "--init-from", cpt["ckpt"], "--steps", "2", "--len-penalty",
               "0.05", "--out-dir", f"{out}/rl"])
     rows = [json.loads(line) for line in open(f"{out}/rl/metrics.jsonl") if '"logp_mismatch"' in line]
     assert rl["steps"] == 2 and len(rows) == 2 and all(r["trained_seqs"] > 0 for r in rows), rows
