@@ -85,7 +85,7 @@ class GPTConfig:
                         (self.n_expert <= 256, "at most 256 experts (routes are recorded as one byte)")]:
             if not ok:
                 raise ValueError(f"GPTConfig: {msg}")
-        # torch._grouped_mm (the MoE's GPU dispatch) in bf16 needs 16-byte aligned rows: widths that are
+        # F.grouped_mm (the MoE's GPU dispatch) in bf16 needs 16-byte aligned rows: widths that are
         # multiples of 8. Others pass every fp32 CPU test and crash on a GPU, so they are refused here.
         for name in ("n_embd", "expert_hidden") if self.n_expert > 1 else ():
             width = getattr(self, name)
@@ -147,7 +147,7 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = rms_norm(wq, cfg), rms_norm(wk, cfg)
 
     def forward(self, x, cos, sin, cache=None, mask=None):
-        """cache: keys/values of earlier tokens (generation; infra/sampling.KVCache): update() stores this
+        """cache: keys/values of earlier tokens (generation; sampling.KVCache): update() stores this
         call's and returns all of them. mask: bool (B, 1, T, keys), True = may attend."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([self.n_head * self.head_dim, self.n_kv_head * self.head_dim,

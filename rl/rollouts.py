@@ -125,8 +125,8 @@ def signal_groups(scored, adv, keep):
 def single_turn(ctx, tasks, seed, stats):
     """G completions per task: one-turn episodes of the shared loop (env.run_episodes with
     env.Feedback(1): env's prompt, generation, the cut body, the hidden tests, as eval.py samples),
-    --gen-batch rows per generate() call, each batch judged in the sandbox while the next one is
-    generated (no overlap when one call holds the whole round, as in the cpu preset)."""
+    gen_batch rows (a FIXED setting) per generate() call, each batch judged in the sandbox while the
+    next one is generated (no overlap when one call holds the whole round, as in the cpu preset)."""
     t0, tools = time.time(), env.Feedback(1, ctx.args.fractional)
     eps = env.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
                            **sampling_kw(ctx))

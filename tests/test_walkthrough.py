@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "walkthrough.md")
 # a quote: the marker line, then one fenced python block
 QUOTE = re.compile(r"<!-- quote: (?P<file>\S+) (?P<name>[\w.]+) -->\n```python\n(?P<code>.*?)```\n", re.S)
-MAX_LINES = 720   # the walkthrough's budget of quoted code: about 700 lines
+MAX_LINES = 760   # the walkthrough's budget of quoted code: about 750 lines
 
 
 def source_of(path, qualname):
