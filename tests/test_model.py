@@ -471,8 +471,8 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     model = tiny()
     prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
 
-    def run():
-        return sampling.generate(model, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
+    def run(m=model):     # the same model object, updated in place below
+        return sampling.generate(m, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
                              generator=torch.Generator().manual_seed(0))
     monkeypatch.setattr(sampling, "_COMPILED", {})            # a compile of its own, whatever ran before
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
