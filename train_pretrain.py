@@ -222,16 +222,17 @@ def dry_run():
     name, peak, mem = plan.plan_device(args)
     n_total, n_active, flops_per_token = plan.model_plan(cfg)
     tokens = args.batch_tokens * args.max_steps
-    prep_min, prep_basis = corpus.prep_minutes(args, mix, user_data, tok)
-    plan.finish_plan({
+    p = {
         "script": "train_pretrain.py", "preset": args.preset, "world_size": world, "device_type": name,
         "tokens_per_step": args.batch_tokens, "micro_batch": mbs, "grad_accum": accum, "seq_len": T,
         "steps": args.max_steps, "tokens": tokens, "params_total": n_total, "params_active": n_active,
         "flops_per_token": flops_per_token, "peak_flops": peak, "assumed_mfu": plan.PLAN_MFU,
         "est_gpu_mem_gb": round(plan.memory_gb(cfg, n_total, mbs, T), 1),
-        "est_run_min": round(flops_per_token * tokens / (world * peak * plan.PLAN_MFU) / 60, 1),
-        "est_prep_min": round(prep_min, 2), "est_prep_basis": prep_basis,
-        "model_config": dataclasses.asdict(cfg)}, mem)
+        "est_run_min": round(flops_per_token * tokens / (world * peak * plan.PLAN_MFU) / 60, 1)}
+    plan.check_memory(p, mem)       # a plan that cannot fit is refused before the prep is timed (seconds)
+    prep_min, prep_basis = corpus.prep_minutes(args, mix, user_data, tok)
+    plan.finish_plan({**p, "est_prep_min": round(prep_min, 2), "est_prep_basis": prep_basis,
+                      "model_config": dataclasses.asdict(cfg)}, mem)
 
 
 if args.dry_run:

@@ -150,12 +150,17 @@ def memory_gb(cfg, params_total, rows, seq_len, extra_bytes=0):
     return (18 * params_total + act + extra_bytes) / 1e9 + 1.5
 
 
-def finish_plan(plan, mem_gb_device):
-    """Prints the plan (stderr lines, then the JSON line on stdout) and exits; refuses with one line
-    when the estimated memory does not fit the device."""
+def check_memory(plan, mem_gb_device):
+    """Refuses with one line when the plan's estimated memory does not fit the device."""
     if plan["est_gpu_mem_gb"] > 0.9 * mem_gb_device:
         die(f"plan: ~{plan['est_gpu_mem_gb']:.0f} GB per process exceeds the {plan['device_type']}'s "
             f"{mem_gb_device} GB: use a smaller --micro-batch (now {plan['micro_batch']})")
+
+
+def finish_plan(plan, mem_gb_device):
+    """Prints the plan (stderr lines, then the JSON line on stdout) and exits; refuses with one line
+    when the estimated memory does not fit the device."""
+    check_memory(plan, mem_gb_device)
     for k, v in plan.items():
         print(f"plan  {k:>18}: {v}", file=sys.stderr)
     prep = "; est_prep_min: a timed sample, scaled (est_prep_basis)" if "est_prep_min" in plan else ""

