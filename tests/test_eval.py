@@ -98,6 +98,31 @@ def test_paired_gain_worked_numbers():
     assert "slice=novel/" not in g                       # one task: no spread to estimate
 
 
+def test_two_seeds_pool_per_task_worked_numbers(tmp_path):
+    """lab/experiments/report.py --seeds: boot's per-task rates 0, 1/2, 1; two RL runs 1, 0, 1 and 0, 1, 1
+    (a sandbox error not scored) pool to 1/2, 1/2, 1: differences 1/2, 0, 0, mean 1/6; sample variance
+    ((1/3)^2 + 2 (1/6)^2) / 2 = 1/12, SE = sqrt(1/12 / 3) = 1/6. The runs' agent against a baseline
+    pools both sides over the runs."""
+    from lab.experiments import report
+    rec = lambda t, p, o=None: {"task_id": t, "passed": p, "outcome": o or ("pass" if p else "fail"),
+                                "slice": "near" if t != "t0" else "novel", "kind": "bug"}
+    files = {"boot": [rec("t0", 0), rec("t1", 1), rec("t1", 0), rec("t2", 1)],
+             "a": [rec("t0", 1), rec("t1", 0), rec("t2", 1)],
+             "b": [rec("t0", 0), rec("t0", 1, "sandbox_error"), rec("t1", 1), rec("t2", 1)]}
+    for name, recs in files.items():
+        for suite in ("agent", "no_run"):
+            with open(tmp_path / f"{name}-{suite}.jsonl", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in recs)
+    base, runs = report.task_rates(str(tmp_path / "boot-agent.jsonl")), \
+        [report.task_rates(str(tmp_path / f"{x}-agent.jsonl")) for x in "ab"]
+    g = report.pooled_gain(base, runs)
+    assert g["all"] == pytest.approx((0.5, 0.5 + 1 / 6, 1 / 6, 1 / 6))
+    assert g["slice=near"] == pytest.approx((0.75, 0.75, 0.0, 0.0)) and "slice=novel" not in g
+    text = report.seeds_report(str(tmp_path / "boot"), [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "| agent, all | 0.500 | 0.667 | +16.7 (16.7) |" in text
+    assert "| no_run | all | 0.667 | 0.667 | +0.0 (0.0) |" in text     # the same episodes on both sides
+
+
 def test_humaneval_canonical_scores_100_and_empty_0(tmp_path):
     good, empty = tmp_path / "good.jsonl", tmp_path / "empty.jsonl"
     ids = humaneval_samples(good, 40, canonical=True)

@@ -3,6 +3,8 @@
     python -m lab.experiments.report runs/exp/cpt_budget --title "Finding 1" --scatter
     python -m lab.experiments.report runs/exp/router_replay --title "Router replay" --curve logp_mismatch
     python -m lab.experiments.report runs/exp/memory_cpu --memory     # lab/experiments/memory.sh's table
+    python -m lab.experiments.report runs/agent-cpu/eval/episodes-0 --seeds runs/agent-cpu/eval/episodes-1 \
+        runs/agent-cpu/eval_s1/episodes-0      # the agent's two RL seeds against the boot (docs/agent.md)
 
 An experiment script (lab/experiments/*.sh, through lab/experiments/lib.sh's run_stage) leaves one JSON summary per
 stage in its directory: pretrain_<run>.json and rl_<run>.json, where <run> is <config>_s<seed>. This script
@@ -214,6 +216,61 @@ def memory_figure(rows, path):
     plt.close(fig)
 
 
+SUITES = ("agent", "no_run", "oracle", "located", "fixed_plan")
+
+
+def task_rates(path):
+    """{task_id: (pass rate, slice, kind)} of one episodes-<i>-<suite>.jsonl (eval.py --agent); a
+    sandbox error is not scored, as in eval.paired_gain."""
+    recs = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("outcome") == "sandbox_error":
+            continue
+        recs.setdefault(r["task_id"], (r.get("slice", ""), r.get("kind", ""), []))[2].append(float(r["passed"]))
+    return {t: (sum(p) / len(p), sl, kind) for t, (sl, kind, p) in recs.items()}
+
+
+def pooled_gain(base, others):
+    """Per group of tasks (all, each slice, each kind, bugs = bug + two_bugs): base's pass@1, the mean
+    of the others' (a task's rate averaged over the runs: the seeds pooled), and the gain with its SE
+    paired over tasks, as eval.paired_gain."""
+    out = {}
+    groups = {"all": lambda sl, k: True, "bugs": lambda sl, k: k in ("bug", "two_bugs")}
+    groups.update({f"slice={v}": (lambda v: lambda sl, k: sl == v)(v) for v in ("near", "novel")})
+    groups.update({f"kind={v}": (lambda v: lambda sl, k: k == v)(v) for v in sorted({x[2] for x in base.values()})})
+    for name, keep in groups.items():
+        ts = [t for t, (_, sl, k) in base.items() if keep(sl, k) and all(t in o for o in others)]
+        d = [statistics.fmean(o[t][0] for o in others) - base[t][0] for t in ts]
+        if len(d) > 1:
+            out[name] = (statistics.fmean(base[t][0] for t in ts), statistics.fmean(base[t][0] for t in ts) + statistics.fmean(d),
+                         statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5)
+    return out
+
+
+def seeds_report(base, runs):
+    """eval.py --agent's episodes of one checkpoint (`base`, an episodes prefix such as
+    runs/agent-cpu/eval/episodes-0) against RL runs from it (one prefix each, e.g. two RL seeds): each
+    suite's gain over base, the runs pooled per task; and the runs' agent against each baseline."""
+    rates = {(p, s): task_rates(f"{p}-{s}.jsonl") for p in [base] + runs for s in SUITES
+             if os.path.isfile(f"{p}-{s}.jsonl")}
+    lines = [f"| suite, tasks | {base} | mean of {len(runs)} runs | gain (paired SE) |", "|---|---|---|---|"]
+    for s in SUITES:
+        if all((p, s) in rates for p in [base] + runs):
+            for g, (b, m, gain, se) in pooled_gain(rates[base, s], [rates[p, s] for p in runs]).items():
+                lines.append(f"| {s}, {g} | {b:.3f} | {m:.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
+    lines += ["", f"| the runs' agent against | tasks | baseline | agent | agent - baseline (paired SE) |",
+              "|---|---|---|---|---|"]
+    for s in SUITES[1:]:
+        if all((p, x) in rates for p in runs for x in ("agent", s)):
+            # the baseline's rates pooled over the runs as the base, the agent's as the others
+            pooled = {t: (statistics.fmean(rates[p, s][t][0] for p in runs), *rates[runs[0], s][t][1:])
+                      for t in rates[runs[0], s]}
+            for g, (b, m, gain, se) in pooled_gain(pooled, [rates[p, "agent"] for p in runs]).items():
+                lines.append(f"| {s} | {g} | {b:.3f} | {m:.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = ArgumentParser(prog="report.py", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="an experiment's output directory (holds the stage summaries)")
@@ -221,7 +278,18 @@ def main(argv=None):
     p.add_argument("--curve", action="append", default=[], help="per-step RL metric to average into a column")
     p.add_argument("--scatter", action="store_true", help="draw finding1.png (val loss vs pass@1 per slice)")
     p.add_argument("--memory", action="store_true", help="memory.sh's table and figure (memory.md, memory.png)")
+    p.add_argument("--seeds", nargs="+", metavar="PREFIX", help="eval.py --agent episodes of RL runs (e.g. two "
+                   "seeds: DIR/eval/episodes-1 DIR/eval_s1/episodes-0) against the checkpoint whose prefix is "
+                   "out_dir (DIR/eval/episodes-0): seeds.md beside it")
     args = p.parse_args(argv)
+    if args.seeds:
+        text = seeds_report(args.out_dir, args.seeds)
+        out = {"table": os.path.join(os.path.dirname(args.out_dir), "seeds.md"), "runs": len(args.seeds)}
+        with open(out["table"], "w") as f:
+            f.write(text)
+        print(text)
+        print(json.dumps(out))
+        return
     if args.memory:
         text, rows, gains = memory_report(args.out_dir)
         out = {"table": os.path.join(args.out_dir, "memory.md"), "figure": os.path.join(args.out_dir, "memory.png"),
