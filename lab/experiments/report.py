@@ -254,6 +254,9 @@ def seeds_report(base, runs):
     suite's gain over base, the runs pooled per task; and the runs' agent against each baseline."""
     rates = {(p, s): task_rates(f"{p}-{s}.jsonl") for p in [base] + runs for s in SUITES
              if os.path.isfile(f"{p}-{s}.jsonl")}
+    for p in [base] + runs:
+        if not any((p, s) in rates for s in SUITES):
+            die(f"{p}: no eval.py --agent episodes there ({p}-agent.jsonl, ...)")
     lines = [f"| suite, tasks | {base} | mean of {len(runs)} runs | gain (paired SE) |", "|---|---|---|---|"]
     for s in SUITES:
         if all((p, s) in rates for p in [base] + runs):
