@@ -514,7 +514,7 @@ def test_compiled_decode_samples_what_eager_does(monkeypatch):
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
     # the compiled step is shared, and keeps no model alive (eval.py loads one per checkpoint)
     gone = weakref.ref(model)
-    del model, first, cont, same
+    del model, run, first, cont, same     # run: its default argument holds the model
     gc.collect()
     assert gone() is None
 
