@@ -116,6 +116,7 @@ def test_ddp_on_gpus_is_one_group_with_gloo_for_cpu_tensors(monkeypatch):
     assert common.setup_ddp("cpu")[3].type == "cpu" and seen[-1] == "gloo"
 
 
+@pytest.mark.slow   # 11 interpreters, each paying its imports: ~7 s
 def test_argparse_errors_are_one_line_and_exit_code_2():
     """Every script's bad flag is one stderr line `error: ...` and exit code 2 (infra/cli.py's ArgumentParser),
     not argparse's usage block: the scripts, the preset's own pre-parse, a subcommand. Side by side, to keep

@@ -223,6 +223,7 @@ def test_worker_restart():
         p._procs[0].wait()
         assert p.run_batch(env.runs([add_task()], ["    return x + 1\n"]))[0].passed
 
+@pytest.mark.slow   # a subprocess that builds the held-out index: ~6 s
 def test_cli(tmp_path):
     out = tmp_path / "t.jsonl"
     cmd = [sys.executable, "-m", "data.tasks", "export", "--split", "test", "--n", "7", "--out", str(out), "--difficulties", "1,2"]
