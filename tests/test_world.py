@@ -168,6 +168,7 @@ def test_tasks_are_deterministic_and_bad_split_is_an_error():
     with pytest.raises(ValueError, match="split must be"):
         tasks.make_task("dev", 0, 0)
 
+@pytest.mark.slow   # thousands of programs sampled: ~5 s
 def test_world_is_large():
     """5,000 train tasks of the mix hold >= 90% distinct function identities (measured: 96.2%);
     `python -m data.tasks stats` measures the 100,000 of the issue's goal: 92,486 (92.5%)."""

@@ -262,7 +262,7 @@ def seeds_report(base, runs):
         if all((p, s) in rates for p in [base] + runs):
             for g, (b, m, gain, se) in pooled_gain(rates[base, s], [rates[p, s] for p in runs]).items():
                 lines.append(f"| {s}, {g} | {b:.3f} | {m:.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
-    lines += ["", f"| the runs' agent against | tasks | baseline | agent | agent - baseline (paired SE) |",
+    lines += ["", "| the runs' agent against | tasks | baseline | agent | agent - baseline (paired SE) |",
               "|---|---|---|---|---|"]
     for s in SUITES[1:]:
         if all((p, x) in rates for p in runs for x in ("agent", s)):
