@@ -265,21 +265,25 @@ def flat_figures(r):
     return f
 
 
-def paired_gain(tasks, base, other):
-    """pass@1 of `other` minus `base` (two checkpoints' test records on the same tasks), overall and
-    per slice, with its standard error paired over tasks: the spread of the per-task differences
-    / sqrt(tasks). Tasks are the unit of noise (a seed draws tasks; a checkpoint's samples of one
-    task are not independent evidence), so a gain within ~2 SE of another is within noise."""
+SLICES = {"": lambda t: True, **{f"slice={sl}/": (lambda sl: lambda t: getattr(t, "slice", "") == sl)(sl)
+                                 for sl in ("near", "novel")}}
+
+
+def paired_gain(tasks, base, other, groups=SLICES):
+    """pass@1 of `other` minus `base` (two checkpoints' test records on the same tasks), per group of
+    tasks (overall and per slice; groups: name -> which tasks), with its standard error paired over
+    tasks: the spread of the per-task differences / sqrt(tasks). Tasks are the unit of noise (a seed
+    draws tasks; a checkpoint's samples of one task are not independent evidence), so a gain within
+    ~2 SE of another is within noise. Records of several runs pooled (concatenated) count as one."""
     rate = lambda recs: {t: (sum(r["passed"] for r in g) / len(g)) for t, g in _by_task(recs).items()}
     a, b = rate(base), rate(other)
     out = {}
-    for sl in ("", "near", "novel"):
-        d = [b[t.task_id] - a[t.task_id] for t in tasks
-             if t.task_id in a and t.task_id in b and (not sl or getattr(t, "slice", "") == sl)]
+    for name, keep in groups.items():
+        d = [b[t.task_id] - a[t.task_id] for t in tasks if t.task_id in a and t.task_id in b and keep(t)]
         if len(d) > 1:
             mean = sum(d) / len(d)
             se = (sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
-            out[f"slice={sl}/" if sl else ""] = (mean, se)
+            out[name] = (mean, se)
     return out
 
 

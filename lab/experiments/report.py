@@ -219,58 +219,41 @@ def memory_figure(rows, path):
 SUITES = ("agent", "no_run", "oracle", "located", "fixed_plan")
 
 
-def task_rates(path):
-    """{task_id: (pass rate, slice, kind)} of one episodes-<i>-<suite>.jsonl (eval.py --agent); a
-    sandbox error is not scored, as in eval.paired_gain."""
-    recs = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r.get("outcome") == "sandbox_error":
-            continue
-        recs.setdefault(r["task_id"], (r.get("slice", ""), r.get("kind", ""), []))[2].append(float(r["passed"]))
-    return {t: (sum(p) / len(p), sl, kind) for t, (sl, kind, p) in recs.items()}
-
-
-def pooled_gain(base, others):
-    """Per group of tasks (all, each slice, each kind, bugs = bug + two_bugs): base's pass@1, the mean
-    of the others' (a task's rate averaged over the runs: the seeds pooled), and the gain with its SE
-    paired over tasks, as eval.paired_gain."""
-    out = {}
-    groups = {"all": lambda sl, k: True, "bugs": lambda sl, k: k in ("bug", "two_bugs")}
-    groups.update({f"slice={v}": (lambda v: lambda sl, k: sl == v)(v) for v in ("near", "novel")})
-    groups.update({f"kind={v}": (lambda v: lambda sl, k: k == v)(v) for v in sorted({x[2] for x in base.values()})})
-    for name, keep in groups.items():
-        ts = [t for t, (_, sl, k) in base.items() if keep(sl, k) and all(t in o for o in others)]
-        d = [statistics.fmean(o[t][0] for o in others) - base[t][0] for t in ts]
-        if len(d) > 1:
-            out[name] = (statistics.fmean(base[t][0] for t in ts), statistics.fmean(base[t][0] for t in ts) + statistics.fmean(d),
-                         statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5)
-    return out
-
-
 def seeds_report(base, runs):
     """eval.py --agent's episodes of one checkpoint (`base`, an episodes prefix such as
     runs/agent-cpu/eval/episodes-0) against RL runs from it (one prefix each, e.g. two RL seeds): each
-    suite's gain over base, the runs pooled per task; and the runs' agent against each baseline."""
-    rates = {(p, s): task_rates(f"{p}-{s}.jsonl") for p in [base] + runs for s in SUITES
-             if os.path.isfile(f"{p}-{s}.jsonl")}
+    suite's gain over base, the runs' episodes pooled per task (eval.paired_gain), overall, per slice,
+    per kind and on the bug kinds; and the runs' agent against each baseline, both pooled."""
+    from eval import SLICES, paired_gain, _by_task
+    recs = {(p, s): [json.loads(line) for line in open(f"{p}-{s}.jsonl")]
+            for p in [base] + runs for s in SUITES if os.path.isfile(f"{p}-{s}.jsonl")}
     for p in [base] + runs:
-        if not any((p, s) in rates for s in SUITES):
+        if not any((p, s) in recs for s in SUITES):
             die(f"{p}: no eval.py --agent episodes there ({p}-agent.jsonl, ...)")
+    pool = lambda s: [r for p in runs for r in recs[p, s]]
+    tasks = {r["task_id"]: type("T", (), {"task_id": r["task_id"], "slice": r.get("slice", ""),
+                                          "kind": r.get("kind", "")}) for rs in recs.values() for r in rs}
+    tasks = list(tasks.values())
+    groups = {"all": SLICES[""], "bugs": lambda t: t.kind in ("bug", "two_bugs"),
+              **{k.strip("/"): keep for k, keep in SLICES.items() if k},
+              **{f"kind={k}": (lambda k: lambda t: t.kind == k)(k) for k in sorted({t.kind for t in tasks})}}
+
+    def rows(first, base_recs, other_recs):
+        rate = lambda rs: {t: sum(r["passed"] for r in g) / len(g) for t, g in _by_task(rs).items()}
+        a, b = rate(base_recs), rate(other_recs)
+        for g, (gain, se) in paired_gain(tasks, base_recs, other_recs, groups).items():
+            ts = [t.task_id for t in tasks if t.task_id in a and t.task_id in b and groups[g](t)]
+            yield (f"| {first}{g} | {statistics.fmean(a[t] for t in ts):.3f} | "
+                   f"{statistics.fmean(b[t] for t in ts):.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
     lines = [f"| suite, tasks | {base} | mean of {len(runs)} runs | gain (paired SE) |", "|---|---|---|---|"]
     for s in SUITES:
-        if all((p, s) in rates for p in [base] + runs):
-            for g, (b, m, gain, se) in pooled_gain(rates[base, s], [rates[p, s] for p in runs]).items():
-                lines.append(f"| {s}, {g} | {b:.3f} | {m:.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
+        if all((p, s) in recs for p in [base] + runs):
+            lines += rows(f"{s}, ", recs[base, s], pool(s))
     lines += ["", "| the runs' agent against | tasks | baseline | agent | agent - baseline (paired SE) |",
               "|---|---|---|---|---|"]
     for s in SUITES[1:]:
-        if all((p, x) in rates for p in runs for x in ("agent", s)):
-            # the baseline's rates pooled over the runs as the base, the agent's as the others
-            pooled = {t: (statistics.fmean(rates[p, s][t][0] for p in runs), *rates[runs[0], s][t][1:])
-                      for t in rates[runs[0], s]}
-            for g, (b, m, gain, se) in pooled_gain(pooled, [rates[p, "agent"] for p in runs]).items():
-                lines.append(f"| {s} | {g} | {b:.3f} | {m:.3f} | {100 * gain:+.1f} ({100 * se:.1f}) |")
+        if all((p, x) in recs for p in runs for x in ("agent", s)):
+            lines += rows(f"{s} | ", pool(s), pool("agent"))
     return "\n".join(lines) + "\n"
 
 
