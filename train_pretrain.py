@@ -49,10 +49,10 @@ from model import GPT, GPTConfig, MoE, add_tokens, autocast, extend_context
 from tokenizer import Tokenizer
 
 # Presets. A name with a flag is a default that the flag overrides; the others (n_head, n_kv_head,
-# tok_train_mb, val_tokens, log_every, sample_every, sample_tokens) are settings of the preset alone:
-# edit PRESETS to change them (common.parse_args). MoE everywhere (the recipe's model); aux-loss-free
-# balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss of 1 and
-# of N data-parallel processes identical: no balancing term computed from partial batch counts).
+# vocab_size, tok_train_mb, val_tokens, log_every, sample_every, sample_tokens) are settings of the
+# preset alone: edit PRESETS to change them (common.parse_args). MoE everywhere (the recipe's model);
+# aux-loss-free balancing as in DeepSeek-V3 / Kimi K2, the recipe's base family (it also keeps the loss
+# of 1 and of N data-parallel processes identical: no balancing term computed from partial batch counts).
 # The mix is task-heavy: the solved env tasks are the targeted coding data that RL later trains on.
 ARCH = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_expert", "top_k", "n_shared_expert",
         "expert_hidden", "balance")
@@ -114,7 +114,6 @@ a("--source-mb", type=float, help="cap per source in MB (deterministic subsample
 a("--holdout-n", type=int, help="env test-split tasks (seed 0, as eval.py uses) whose functions and prompts "
   "never reach training; HumanEval's and the canaries' are always excluded")
 a("--cache-dir", help="token/tokenizer cache, default OUT_DIR/cache; share it between runs")
-a("--vocab-size", type=int, help="BPE vocabulary incl. special tokens (trained once per corpus, cached)")
 # architecture (ignored with --init-from / --resume, which use the checkpoint's)
 for flag, text in [("n-layer", "transformer blocks"), ("n-embd", "model width"),
                    ("top-k", "experts per token"),

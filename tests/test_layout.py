@@ -5,10 +5,10 @@ step: every file of the project whose functions it calls, tests left out). The c
     python -m pytest tests/test_layout.py -q -s"""
 import ast
 import collections
-import glob
 import os
 import sys
 import zlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,13 +23,18 @@ from data.tasks import generate_tasks  # noqa: E402
 from tokenizer import train_tokenizer  # noqa: E402
 
 
-def project_modules():
-    """{module name: path} of every project module outside tests/ (lab/experiments/*.py included)."""
+def project_modules(root=ROOT):
+    """{module name: path} of every project module outside tests/ (lab/experiments/*.py included): not
+    hidden directories, nor a virtual environment's (its root holds pyvenv.cfg: `python -m venv .venv` or
+    `venv` in the checkout, as a user installs the requirements)."""
     out = {}
-    for path in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True):
-        rel = os.path.relpath(path, ROOT)
-        if not rel.startswith(("tests", ".")) and "__init__" not in rel:
-            out[rel[:-3].replace(os.sep, ".")] = rel
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and (top != root or d != "tests")
+                   and not os.path.isfile(os.path.join(top, d, "pyvenv.cfg"))]
+        for name in files:
+            rel = os.path.relpath(os.path.join(top, name), root)
+            if name.endswith(".py") and name != "__init__.py":
+                out[rel[:-3].replace(os.sep, ".")] = rel
     return out
 
 
@@ -85,14 +90,15 @@ def test_no_import_circles_between_modules_or_rooms():
 
 
 class Profile:
-    """The project files (outside tests/) whose functions run while it is on."""
+    """The project files (project_modules: outside tests/, nor a virtual environment's packages) whose
+    functions run while it is on."""
     def __init__(self):
-        self.files = collections.Counter()
+        self.files, self.ours = collections.Counter(), set(project_modules().values())
 
     def __call__(self, frame, event, arg):
         f = frame.f_code.co_filename
-        if event == "call" and f.startswith(ROOT + os.sep) and not f.startswith(os.path.join(ROOT, "tests")):
-            self.files[os.path.relpath(f, ROOT)] += 1
+        if event == "call" and f.startswith(ROOT + os.sep) and (rel := os.path.relpath(f, ROOT)) in self.ours:
+            self.files[rel] += 1
 
     def around(self, fn):
         def traced(*a, **kw):
@@ -102,6 +108,22 @@ class Profile:
             finally:
                 sys.setprofile(None)
         return traced
+
+
+def test_a_virtual_environment_in_the_checkout_is_not_the_projects(tmp_path):
+    """`python -m venv .venv` (or venv) at the checkout's root, the requirements installed there: its
+    site-packages are neither project modules nor files an RL step passes through."""
+    for rel in ["a.py", "pkg/__init__.py", "pkg/m.py", "tests/test_a.py", ".venv/pyvenv.cfg",
+                ".venv/lib/python3.11/site-packages/tqdm/std.py", "venv/pyvenv.cfg",
+                "venv/lib/python3.11/site-packages/torch/nn.py", ".git/hooks/x.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert project_modules(str(tmp_path)) == {"a": "a.py", "pkg.m": os.path.join("pkg", "m.py")}
+    profile = Profile()
+    for path in [".venv/lib/python3.11/site-packages/tqdm/std.py", "venv/lib/python3.11/site-packages/torch/nn.py",
+                 "env.py", "tests/test_layout.py"]:
+        profile(SimpleNamespace(f_code=SimpleNamespace(co_filename=os.path.join(ROOT, path))), "call", None)
+    assert dict(profile.files) == {"env.py": 1}
 
 
 class CoinSandbox(sandbox.SandboxPool):
@@ -174,6 +196,17 @@ def test_one_agent_episode_passes_through_at_most_6_files(tmp_path, monkeypatch,
         print(f"\none agent episode (agent.py --repo): {len(profile.files)} files: {dict(profile.files)}")
     assert {"env.py", "sampling.py", "model.py", "sandbox.py", "agent.py"} <= set(profile.files)
     assert len(profile.files) <= 6
+
+
+def test_train_pretrain_keeps_to_35_options():
+    """The trainers keep their flags to run settings and the ablations the README lists; the rest are a
+    preset's settings. train_pretrain.py: at most 35 options, --help included (round four's line)."""
+    import re
+    import subprocess
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "train_pretrain.py"), "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT).stdout
+    options = re.findall(r"^  (?:-\w, )?(--[\w-]+)", out, re.M)
+    assert {"--help", "--mix", "--init-from", "--n-expert"} <= set(options) and len(options) <= 35, options
 
 
 if __name__ == "__main__":
