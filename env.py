@@ -229,11 +229,11 @@ RUN_CHARS = 400           # a run's value shown (its repr's head)
 
 
 def cap(text, n=OBS_CHARS):
-    """At most about n characters: the head and the tail, and how much was cut between them."""
+    """At most n characters, a capped text its own cap: the head, the tail, how much was cut between."""
     if len(text) <= n:
         return text
-    cut = len(text) - n
-    return text[:n // 2] + f"\n... ({cut} characters cut) ...\n" + text[-(n - n // 2):]
+    keep = n - 40                  # the note between them takes at most 40 characters
+    return text[:keep // 2] + f"\n... ({len(text) - keep} characters cut) ...\n" + text[-(keep - keep // 2):]
 
 
 def render_issue(task, files=()) -> str:
@@ -454,7 +454,8 @@ def run_report(result):
     if result.outcome == "sandbox_error":
         return "error: the run failed in the harness; run it again"
     value = result.values[0] if result.values else None
-    return value if isinstance(value, str) else f"error: {result.feedback}"
+    # cut here again: the cut in the candidate's process runs its code (a str subclass slices as it likes)
+    return value[:RUN_CHARS] if isinstance(value, str) else f"error: {result.feedback}"
 
 
 # Self-summarization (Composer 2): a long episode is a chain of generations joined by summaries the
@@ -598,8 +599,9 @@ class Tools:
         summary = lambda: prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s]
         if x.summary:                 # a fresh context: the issue and every summary, as the model wrote them
             return summary(), True, None
-        k = 0 if x.stopped else 1
-        e.state["stream"].append((x.tokens[:-1] + feed[:k], feed[k:]))   # the action and its observation
+        k = 0 if x.stopped else 1     # the action, then its observation: what mask's and window's rebuild use
+        if self.memory in ("mask", "window"):
+            e.state["stream"].append((x.tokens[:-1] + feed[:k], feed[k:]))
         window = min(self.window, seq_len)
         at = summary_at(task, window)
         if used + len(feed) <= at:
@@ -680,7 +682,7 @@ class Tools:
         todo = [(i, run, name) for i, run, name in todo if obs[i] is not None]
         for (i, run, name), r in zip(todo, pool.run_batch([run for _, run, _ in todo])):
             obs[i] = test_report(r, [n for n, in run.inputs]) if name == "test" else run_report(r)
-        return obs
+        return [cap(o) if o else o for o in obs]    # every observation, whatever tool or sandbox run wrote it
 
     def apply(self, task, e, name, payload, act):
         """One action on e.repo: (its observation, the sandbox run that makes it, or None); a test

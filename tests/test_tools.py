@@ -120,7 +120,7 @@ def test_parse_action(tok):
 def test_cap_keeps_head_and_tail():
     text = "".join(f"line {i}\n" for i in range(2000))
     out = env.cap(text, 200)
-    assert out.startswith("line 0\n") and out.endswith("line 1999\n") and len(out) < 260 and "cut" in out
+    assert out.startswith("line 0\n") and out.endswith("line 1999\n") and len(out) <= 200 and "cut" in out
     assert env.cap("short") == "short"
 
 
@@ -415,6 +415,30 @@ def test_hostile_runs_score_nothing_and_crash_nothing(pool, expr, why):
     assert why in out and len(out) <= env.RUN_CHARS + 400 and not r.passed
     assert not os.path.exists("/tmp/pwned_by_run")
     assert env.run_report(pool.run_batch([env.expr_run(t, t.files, "1 + 1")])[0]) == "2"
+
+
+# A value whose repr is a str subclass that slices as it likes: the candidate's own cut, repr(v)[:400],
+# gives back the whole 999,000 characters (the attack of issue 60, one 77-token action).
+LOUD = ("class _Long(str):\n    def __getitem__(self, k):\n        return str(self) + ''\n\n\n"
+        "class _Loud:\n    def __repr__(self):\n        return _Long('x' * 999_000)\n\n\nLOUD = _Loud()\n")
+
+
+def test_every_observation_is_capped_on_the_trainers_side(tok, pool):
+    """Whatever the sandbox or a tool sends back, what the trainer keeps and feeds is capped here: a run's
+    value at RUN_CHARS (its repr's head), any other observation at OBS_CHARS (an edit's error that names
+    a 19,000-character function), a test report too; a capped text is its own cap."""
+    t = repo_task()
+    t.files = dict(t.files, **{"config.py": CONFIG + LOUD})
+    r = pool.run_batch([env.expr_run(t, t.files, "LOUD")])[0]
+    assert len(r.values[0]) >= 999_000                       # the candidate's cut did nothing
+    assert env.run_report(r) == "x" * env.RUN_CHARS
+    long_def = "report.py\ndef " + "f" * 19_000 + "():\n    return 1\n"
+    _, obs = scripted(tok, pool, env.Tools(), t, [action(tok, "run", "LOUD"), action(tok, "edit", long_def),
+                                                 action(tok, "run", "BASE_RATE + 1")])
+    assert obs[0] == "x" * env.RUN_CHARS and obs[2] == "8"
+    assert obs[1].startswith("error: no function 'fff") and len(obs[1]) <= env.OBS_CHARS
+    text = "".join(f"line {i}\n" for i in range(3000))
+    assert len(env.cap(text)) <= env.OBS_CHARS and env.cap(env.cap(text)) == env.cap(text)
 
 
 def test_a_summary_cannot_smuggle_special_tokens(tok):
