@@ -467,9 +467,8 @@ def test_fallback_without_root(monkeypatch, tmp_path):
 
 
 def _checkout_under_tmp():
-    """A copy of the checkout and a virtual environment (this interpreter, --system-site-packages)
-    under /tmp itself, where CI and containers put them (not pytest's tmp_path: TMPDIR may be
-    elsewhere)."""
+    """A copy of the checkout and a virtual environment with this interpreter's packages under /tmp
+    itself, where CI and containers put them (not pytest's tmp_path: TMPDIR may be elsewhere)."""
     import shutil
     import subprocess
     import sys
@@ -481,9 +480,17 @@ def _checkout_under_tmp():
         elif name in ("data", "infra", "rl"):
             shutil.copytree(os.path.join(root, name), os.path.join(top, name),
                             ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
-                    os.path.join(top, "venv")], check=True, timeout=120)
-    return top, os.path.join(top, "venv", "bin", "python")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", os.path.join(top, "venv")], check=True,
+                   timeout=120)
+    # A venv made from a venv gets the BASE interpreter's packages (--system-site-packages too), not the
+    # ones installed in this one (`python -m venv .venv` and the requirements there, as the README has
+    # it): a .pth file in the new one names the package directories this interpreter reads.
+    python = os.path.join(top, "venv", "bin", "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    with open(os.path.join(purelib, "running.pth"), "w") as f:
+        f.write("".join(p + "\n" for p in sys.path if p.endswith(("site-packages", "dist-packages"))))
+    return top, python
 
 _TMP_RUN = ("import env, warnings\nfrom data import tasks\nfrom sandbox import SandboxPool\n"
             "warnings.simplefilter('ignore')\n"
