@@ -42,7 +42,7 @@ import torch
 
 import hf
 from infra import common
-from data import corpus
+from data import corpus, search
 import sampling
 import env
 from sandbox import OUTCOMES, SandboxPool
@@ -269,6 +269,12 @@ SLICES = {"": lambda t: True, **{f"slice={sl}/": (lambda sl: lambda t: getattr(t
                                  for sl in ("near", "novel")}}
 
 
+def gains(figs, key, tasks, base, other):
+    """figs[key], each slice's name in its {}: paired_gain's gain of `other` over `base`, and its SE."""
+    for sl, (gain, se) in paired_gain(tasks, base, other).items():
+        figs[key.format(sl)], figs[key.format(sl) + ", paired SE"] = gain, se
+
+
 def paired_gain(tasks, base, other, groups=SLICES):
     """pass@1 of `other` minus `base` (two checkpoints' test records on the same tasks), per group of
     tasks (overall and per slice; groups: name -> which tasks), with its standard error paired over
@@ -475,6 +481,7 @@ def located(task):
 # The long tasks' suites: each memory of env.MEMORIES, in the same window, on the same tasks. The oracle
 # summary is the ceiling: the harness writes the summary the task needs (env.summary_text).
 LONG_SUITES = {"summary": "summary", "mask": "mask", "window": "window", "oracle_summary": "oracle"}
+SEARCH = ("search", "search_unlimited")    # the model-free suites: run once per eval, not per checkpoint
 
 
 def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
@@ -482,11 +489,14 @@ def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
     checkpoint and baseline, so that gains pair by task: the agent; no_run (test and run answer
     "unavailable": it reads and edits blind); the oracle (every file inlined, the same tools and step
     limit); located (the issue names the function to change and its file); fixed_plan (one action
-    sequence for every task: test, ls, then edits the model writes). On n_long long tasks (two facts in
-    two long settings files, more than env.LONG_WINDOW holds): one suite per memory of LONG_SUITES."""
+    sequence for every task: test, ls, then edits the model writes); search (data/search.py: a program
+    that sees what the agent sees, the same tools and step limit) and search_unlimited (no step limit).
+    On n_long long tasks (two facts in two long settings files, more than env.LONG_WINDOW holds): one
+    suite per memory of LONG_SUITES."""
     test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
     long = generate_repo_tasks("test", n_long, seed=seed, difficulties=levels, kinds=("long",))
-    short = {"agent": (test, env.Tools()),
+    short = {"agent": (test, env.Tools()), "search": (test, env.Tools()),
+             "search_unlimited": (test, env.Tools(max_actions=math.inf)),
              "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
              "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
              "fixed_plan": (test, env.FixedPlan())}
@@ -526,16 +536,19 @@ def episode_record(task, e):
 
 def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, max_new_tokens=96,
                    batch_size=64, seed=0):
-    """n episodes per repository task through `tools` (env.run_episodes: the loop RL trains in).
-    Returns pass@k overall, per slice and per kind, the tool-use figures, the distinct plans of the
-    passing episodes, first_edit_pass (the share of episodes with an edit whose first edit alone passes
-    the hidden tests) and "records" (one per episode, with "episode" kept for the caller). An episode
-    that ran out of actions without submitting is a failure (env.Tools.finish); step_limit says how
-    many did."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    prompts = env.fixed_plan_prompts(tok, tasks, pool) if isinstance(tools, env.FixedPlan) else None
-    eps = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
-                           batch_size=batch_size, generator=gen, prompts=prompts)
+    """n episodes per repository task through `tools` (env.run_episodes: the loop RL trains in; model
+    None: data/search.py's one episode per task, which draws nothing). Returns pass@k overall, per slice
+    and per kind, the tool-use figures, the distinct plans of the passing episodes, first_edit_pass (the
+    share of episodes with an edit whose first edit alone passes the hidden tests) and "records" (one per
+    episode, with "episode" kept for the caller). An episode that ran out of actions without submitting
+    is a failure (env.Tools.finish); step_limit says how many did."""
+    if model is None:
+        eps = search.episodes(tasks, tools, pool)
+    else:
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+        prompts = env.fixed_plan_prompts(tok, tasks, pool) if isinstance(tools, env.FixedPlan) else None
+        eps = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
+                               batch_size=batch_size, generator=gen, prompts=prompts)
     records = [{**episode_record(tasks[e.task_idx], e), "episode": e} for e in eps]
     out = {}
     for key in ("slice", "kind"):
@@ -563,38 +576,34 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
     return out
 
 
-def evaluate_agent_checkpoint(args, path, suites, pool, device):
-    """One checkpoint on every suite: its flat figures (the names run.sh's checks read) and records; the
-    agent against each baseline on the same tasks (paired SE over tasks), and its share of the oracle's
-    pass@1."""
+def evaluate_agent_checkpoint(args, path, suites, pool, device, searched):
+    """One checkpoint on every suite (the search's: `searched`, its figures, run once): its flat figures
+    (the names run.sh's checks read) and records; the agent against each baseline on the same tasks
+    (paired SE over tasks), and its share of the oracle's, the fixed plan's and the search's pass@1."""
     model, tok, _ = hf.load_checkpoint(path, device)
     if not tok.tools:
         common.die(f"{path}: its tokenizer has no tool tokens (a checkpoint of the agent's bootstrap, "
                    "train_pretrain.py --mix ...,agent=W, or later)")
     figs, records, t0 = {}, {}, time.time()
     for name, (tasks, tools) in suites.items():
-        r = evaluate_agent(model, tok, tasks, pool, args.agent_samples, tools, (1, args.agent_samples),
-                           args.temperature, args.max_new_tokens, args.batch_size, args.seed)
+        r = dict(searched[name]) if name in searched else evaluate_agent(
+            model, tok, tasks, pool, args.agent_samples, tools, (1, args.agent_samples), args.temperature,
+            args.max_new_tokens, args.batch_size, args.seed)
         records[name] = r.pop("records")
         figs.update({f"{name}/{k}": v for k, v in r.items()})
     if "agent" in suites:    # the agent against each baseline, paired on the same tasks
         test = suites["agent"][0]
-        for base in ("fixed_plan", "no_run", "oracle", "located"):
-            for sl, (gain, se) in paired_gain(test, records[base], records["agent"]).items():
-                figs[f"agent/{sl}pass@1 - {base}"], figs[f"agent/{sl}pass@1 - {base}, paired SE"] = gain, se
-        bugs = [t for t in test if t.kind in ("bug", "two_bugs")]
-        for sl, (gain, se) in paired_gain(bugs, records["no_run"], records["agent"]).items():
-            key = f"agent/bugs/{sl}pass@1 - no_run"
-            figs[key], figs[f"{key}, paired SE"] = gain, se
-        for base in ("oracle", "fixed_plan"):
+        for base in ("fixed_plan", "no_run", "oracle", "located", "search"):
+            gains(figs, f"agent/{{}}pass@1 - {base}", test, records[base], records["agent"])
+        gains(figs, "agent/bugs/{}pass@1 - no_run", [t for t in test if t.kind in ("bug", "two_bugs")],
+              records["no_run"], records["agent"])
+        for base in ("oracle", "fixed_plan", "search"):
             top = figs[f"{base}/pass@1"]
             figs[f"agent/pass@1 / {base}"] = figs["agent/pass@1"] / top if top else None
     long = [m for m in LONG_SUITES if m in suites]
     if long:   # the memories against each other on the same long tasks (paired), and how long they are
         for base in (m for m in ("mask", "window") if m in long and "summary" in long):
-            for sl, (gain, se) in paired_gain(suites[base][0], records[base], records["summary"]).items():
-                key = f"summary/{sl}pass@1 - {base}"
-                figs[key], figs[f"{key}, paired SE"] = gain, se
+            gains(figs, f"summary/{{}}pass@1 - {base}", suites[base][0], records[base], records["summary"])
         if "summary" in long and "oracle_summary" in long:
             top = figs["oracle_summary/pass@1"]
             figs["summary/pass@1 / oracle_summary"] = figs["summary/pass@1"] / top if top else None
@@ -606,7 +615,8 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device):
 
 def evaluate_agent_checkpoints(args):
     """--agent: every --ckpt on the same repository tasks and seeds -> agent.md, agent.json, episodes,
-    and one JSON line with each checkpoint's figures and the paired gains over the first."""
+    and one JSON line with each checkpoint's figures and the paired gains over the first. With no --ckpt:
+    the model-free search alone (its column is "model-free")."""
     labels = args.label or list(args.ckpt)
     if len(labels) != len(args.ckpt) or len(set(labels)) != len(labels):
         common.die("give one distinct --label per --ckpt")
@@ -626,15 +636,19 @@ def evaluate_agent_checkpoints(args):
     device = common.pick_device(args.device)
     figs, records = {}, {}
     with SandboxPool(workers=args.workers, timeout_s=args.sandbox_timeout) as pool:
+        searched = {s: evaluate_agent(None, None, suites[s][0], pool, 1, suites[s][1])
+                    for s in SEARCH if s in suites}
         for label, path in zip(labels, args.ckpt):
-            figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device)
+            figs[label], records[label] = evaluate_agent_checkpoint(args, path, suites, pool, device,
+                                                                    searched)
+    if not labels:
+        labels = ["model-free"]
+        figs[labels[0]] = {f"{s}/{k}": v for s, r in searched.items() for k, v in r.items() if k != "records"}
+        records[labels[0]] = {s: r["records"] for s, r in searched.items()}
     for label in labels[1:]:
-        for name in [s for s in suites if s in ("agent", "fixed_plan", "no_run", "oracle", "located")
-                     or s in LONG_SUITES]:
-            tasks = suites[name][0]
-            for sl, (gain, se) in paired_gain(tasks, records[labels[0]][name], records[label][name]).items():
-                figs[label][f"{name}/{sl}pass@1 - {labels[0]}"] = gain
-                figs[label][f"{name}/{sl}pass@1 - {labels[0]}, paired SE"] = se
+        for name in [s for s in suites if s not in SEARCH]:
+            gains(figs[label], f"{name}/{{}}pass@1 - {labels[0]}", suites[name][0], records[labels[0]][name],
+                  records[label][name])
     head = (f"repository tasks: {args.agent_tasks} x {args.agent_samples} episodes (test split, seed "
             f"{args.task_seed}, difficulties {args.difficulties or 'all'}; kinds {', '.join(KINDS)}), "
             f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens} per action; agent = the "
@@ -643,15 +657,16 @@ def evaluate_agent_checkpoints(args):
             f"fixed_plan = test, ls, then edits the model writes (no fixed read, grep or run can name a file "
             f"of a task it has not seen); plans = distinct action sequences (paths by role) of the passing "
             f"episodes; first_edit_pass = episodes whose first edit alone passes; step_limit = episodes out "
-            f"of actions without submitting (failures)"
+            f"of actions without submitting (failures); search = a program on what the agent sees "
+            f"(data/search.py: the chain read, the world's faults undone where the text points, each "
+            f"tested), one episode per task; search_unlimited = the same with no step limit"
             + (f"; long tasks: {args.long_tasks} x {args.agent_samples} episodes (two facts in two long "
                f"settings files) in a window of {env.LONG_WINDOW} tokens (long/context; "
                f"long/full_tokens_p50: the median tokens the oracle policy's whole episode needs), past its "
                f"threshold summary = the model writes a summary and goes on from the issue and its "
-               f"summaries, "
-               f"mask = the latest turns "
-               f"with every observation but the last dropped ({env.MASKED!r}), window = the latest turns "
-               f"whole, oracle_summary = the harness writes the summary the task needs (the ceiling); "
+               f"summaries, mask = the latest turns with every observation but the last dropped "
+               f"({env.MASKED!r}), window = the latest turns whole, oracle_summary = the harness writes the "
+               f"summary the task needs (the ceiling); "
                f"per_episode = summaries or rebuilt contexts; fact_retention = of the needed facts read "
                f"before a summary, the share it keeps (label and value)"
                if args.long_tasks and args.memory else ""))
@@ -785,7 +800,7 @@ def main(argv=None):
         if not args.tasks:
             common.die("--completions needs --tasks (a JSONL task file or 'humaneval')")
         score_completions(args)
-    elif args.ckpt and args.agent:
+    elif args.agent:
         evaluate_agent_checkpoints(args)
     elif args.ckpt:
         evaluate_checkpoints(args)

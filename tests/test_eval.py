@@ -304,3 +304,47 @@ def test_two_checkpoints_one_table(tiny, tmp_path):
                  "--out-dir", str(tmp_path / "rescored"))
     assert r2.returncode == 0, r2.stderr
     assert last_json(r2.stdout)["pass@1"] == pytest.approx(s["checkpoints"]["base"]["test/pass@1"])
+
+
+# --------------------------------------------------------------------------------- agent side
+
+def test_agent_eval_reports_the_search_beside_the_agent_once_per_eval(tmp_path, monkeypatch, capsys):
+    """--agent: the model-free search (data/search.py) and search_unlimited, per kind and slice, in every
+    checkpoint's column, with the agent's paired gain over the search; it runs once per eval, not once per
+    checkpoint (it draws nothing), and with no --ckpt it is measured alone. The agent's episodes here are
+    scripted (each submits at once: the fault stays, every one fails), so the gain is exactly -1 per task."""
+    from model import GPT, GPTConfig
+    from tokenizer import train_tokenizer
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50], 300).with_tools()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, seq_len=128, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
+                          n_expert=1, top_k=1, n_shared_expert=0, expert_hidden=32))
+    ckpt = str(tmp_path / "m.pt")
+    common.save_checkpoint(ckpt, model, tok)
+
+    def submitting(model, tok, tasks, n, tools, pool, *a, **kw):
+        eps = [env.Episode(i) for i in range(len(tasks)) for _ in range(n)]
+        for e in eps:
+            tools.start(tasks[e.task_idx], e)
+            e.actions, e.end = [env.Action("submit")], "submit"
+        tools.finish(pool, [(tasks[e.task_idx], e) for e in eps])
+        return eps
+    searched, episodes = [], ev.search.episodes
+    monkeypatch.setattr(ev.env, "run_episodes", submitting)
+    monkeypatch.setattr(ev.search, "episodes", lambda *a, **kw: searched.append(1) or episodes(*a, **kw))
+    common_args = ["--agent", "--preset", "smoke", "--agent-tasks", "4", "--long-tasks", "0", "--workers", "2"]
+    ev.main(common_args + ["--ckpt", ckpt, "--ckpt", ckpt, "--label", "a", "--label", "b",
+                           "--out-dir", str(tmp_path / "two")])
+    figs = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoints"]
+    assert len(searched) == 2                             # search and search_unlimited, once each
+    for f in figs.values():
+        assert f["search/pass@1"] == f["search_unlimited/pass@1"] == 1.0 and f["agent/pass@1"] == 0.0
+        assert {f"search/kind={k}/pass@1" for k in ev.KINDS} <= set(f) and "search/slice=novel/pass@1" in f
+        assert f["search/step_limit"] == 0.0 and f["search/tool_calls"] <= 12
+        assert f["agent/pass@1 - search"] == -1.0 and f["agent/pass@1 - search, paired SE"] == 0.0
+    assert "| search/kind=bug/pass@1 | 1.000 | 1.000 |" in (tmp_path / "two" / "agent.md").read_text()
+    assert (tmp_path / "two" / "episodes-1-search.jsonl").is_file()
+    ev.main(common_args + ["--out-dir", str(tmp_path / "alone")])
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["labels"] == ["model-free"] and s["checkpoints"]["model-free"]["search/kind=config/pass@1"] == 1.0
+    assert not any(k.startswith("agent/") for k in s["checkpoints"]["model-free"])
