@@ -240,10 +240,8 @@ def open_dir(path, root):
         inside = inside or os.path.samestat(os.fstat(fd), top)
         with contextlib.suppress(FileExistsError):
             os.mkdir(part, dir_fd=fd)
-        try:
-            new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if inside else 0), dir_fd=fd)
-        finally:
-            os.close(fd)
+        new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if inside else 0), dir_fd=fd)
+        os.close(fd)
         fd = new
     return fd
 
@@ -322,12 +320,10 @@ def show(task, episode, out):
           f"({r.outcome}: {r.feedback}) ---", file=out)
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default, as the other scripts' --help."""
-
-
 def main(argv=None):
-    p = common.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=HelpFormatter)
+    # --help: the docstring as written, and every flag's default, as the other scripts' --help
+    p = common.ArgumentParser(prog="agent.py", description=__doc__, formatter_class=type(
+        "Fmt", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}))
     p.add_argument("--ckpt", help="model checkpoint, required (speculative decoding needs train_mtp.py's)")
     p.add_argument("--repo", default=None, help="the agent on a copy of this project (with a test_*.py file)")
     p.add_argument("--issue", default=None, help="with --repo: the issue text the agent reads first")
