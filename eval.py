@@ -70,7 +70,6 @@ PRESETS = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Scoring
 
@@ -407,9 +406,7 @@ def side_by_side(labels, test, report, records):
             f.setdefault(key, 0.0)
     first = labels[0]
     for label in labels[1:]:
-        for sl, (gain, se) in paired_gain(test, records[first]["test"], records[label]["test"]).items():
-            figs[label][f"test/{sl}pass@1 - {first}"] = gain
-            figs[label][f"test/{sl}pass@1 - {first}, paired SE"] = se
+        gains(figs[label], f"test/{{}}pass@1 - {first}", test, records[first]["test"], records[label]["test"])
     return figs
 
 
@@ -735,11 +732,10 @@ def score_completions(args):
     write_jsonl(os.path.join(args.out_dir, "results.jsonl"),
                 [{"task_id": s["task_id"], "completion": s["completion"], "passed": bool(r.passed),
                   "outcome": r.outcome, "feedback": r.feedback} for s, r in zip(samples, results)])
-    summary = {"pass@1": out.get("pass@1"), "pass@k": out["pass@k"], "outcomes": out["outcomes"],
-               "n_tasks": out["n_tasks"], "n_samples": len(samples), "sandbox_errors": out["sandbox_errors"],
-               "by_slice": out["by_slice"], "by_family": out["by_family"],
-               "by_difficulty": out["by_difficulty"], "by_steps": out["by_steps"],
-               "results": os.path.join(args.out_dir, "results.jsonl")}
+    keys = ("pass@1", "pass@k", "outcomes", "n_tasks", "n_samples", "sandbox_errors", "by_slice", "by_family",
+            "by_difficulty", "by_steps")
+    summary = {k: out.get(k) for k in keys}
+    summary["results"] = os.path.join(args.out_dir, "results.jsonl")
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     common.print_summary(summary)

@@ -46,16 +46,12 @@ def _templates(src, values):
     out = []
     for p in world.PRIMS.values():
         slots = [s for s, _ in p.consts]
-        if note and slots == ["c"] and p.phrase.format(c=note.group(1)).lower() == phrase[:note.start()]:
-            fills = [{"c": v} for v in values]
-        elif not note and len(slots) == len(params) - 1 and \
-                p.phrase.format(**dict(zip(slots, params[1:]))).lower() == phrase:
-            fills = [dict(zip(slots, params[1:]))]
-        else:
-            continue
-        for fill in fills:
-            code = p.template.format(v=params[0], **fill) + "\nreturn result"
-            out.append("".join("    " + line + "\n" for line in code.split("\n")))
+        named = {"c": note[1]} if note else dict(zip(slots, params[1:]))
+        if (slots == ["c"] if note else len(slots) == len(params) - 1) and \
+                p.phrase.format(**named).lower() == phrase[:note.start() if note else None]:
+            for fill in [{"c": v} for v in values] if note else [named]:
+                code = p.template.format(v=params[0], **fill) + "\nreturn result"
+                out.append("".join("    " + line + "\n" for line in code.split("\n")))
     return out
 
 
