@@ -113,9 +113,9 @@ def read_project(root, skip=None):
                 if len(files[rel(name)]) > env.MAX_FILE_CHARS or len(files) > MAX_FILES:
                     raise ValueError(f"--repo: {rel(name)}: the agent works small projects (at most "
                                      f"{MAX_FILES} files of {env.MAX_FILE_CHARS} characters)")
-    tests = [p for p in files if p.startswith("test_") and "/" not in p]     # at the top level
+    tests = [p for p in files if p.startswith("test_") and p[:-3].isidentifier()]    # top level, importable
     if not tests:
-        raise ValueError(f"--repo {root}: no test_*.py file at its top level to run")
+        raise ValueError(f"--repo {root}: no test_*.py file at its top level to run (its name a module's)")
     if not test_checks(files[tests[0]]):    # its top-level test_* functions run (no unittest classes)
         raise ValueError(f"--repo: {tests[0]} has no top-level test_* function to run")
     return files, tests[0]
@@ -227,7 +227,7 @@ def project_issue(pool, task):
     (_, f, args, want), value = checks.get(first, (None,) * 4), got.get(first)
     if type(value) is list or type(value) is tuple and value[0] != want:
         value = value[0] if type(value) is tuple else type(str(value[0]), (Exception,), {})()   # a raise
-        return repos._symptom(f, args, value, want)
+        return env.cap(repos._symptom(f, args, value, want))
     return f"A test in {task.test_file} fails:\n{env.test_report(result, names)}"
 
 

@@ -287,3 +287,16 @@ def test_the_issue_is_the_first_failure(tmp_path, pool, shop, tests, issue):
     root = project(tmp_path / "p", {"shop.py": shop, "test_shop.py": tests})
     task = agent.project_task(*agent.read_project(str(root)), None)
     assert agent.project_issue(pool, task) == issue
+
+
+def test_a_huge_value_in_the_issue_is_capped(tmp_path, pool):
+    root = project(tmp_path / "p", {"shop.py": "def total(prices, discount):\n    return 'x' * 5000\n",
+                                    "test_shop.py": TESTS})
+    issue = agent.project_issue(pool, agent.project_task(*agent.read_project(str(root)), None))
+    assert issue.startswith("`total([10, 20, 30], 10)` returns 'xxx") and len(issue) <= env.OBS_CHARS
+
+
+def test_a_test_file_python_cannot_import_is_refused(tmp_path):
+    root = project(tmp_path / "p", {"shop.py": SHOP, "test_my-shop.py": TESTS})    # `import test_my-shop`
+    with pytest.raises(ValueError, match="no test_"):
+        agent.read_project(str(root))
