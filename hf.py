@@ -338,9 +338,8 @@ def load(path, device="cpu"):
     eos = c.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
     tok_path = os.path.join(path, "tokenizer.json")
-    tok = None
-    if os.path.isfile(tok_path) or device != "meta":
-        tok = load_tokenizer(tok_path, eos, c.get("pad_token_id"))
+    tok = None if device == "meta" and not os.path.isfile(tok_path) else \
+        load_tokenizer(tok_path, eos, c.get("pad_token_id"))
     if tok is not None and tok.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer.json has {tok.vocab_size} ids but the model {cfg.vocab_size} rows")
     if device == "meta":
@@ -382,10 +381,12 @@ def export(model, tok, out_dir, dtype=torch.float32):
     write_safetensors(os.path.join(out_dir, "model.safetensors"), to_hf(model, arch, dtype))
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_json(tok), f, ensure_ascii=False)
+    # eos, pad by name if special; an ordinary token (transformers' default eos id 2): config.json's id alone
     name = {i: t for t, i in tok.specials.items()}
+    names = {k: name[i] for k, i in (("eos_token", tok.eot_id), ("pad_token", tok.pad_id)) if i in name}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": name[tok.eot_id],
-                   "pad_token": name[tok.pad_id], "model_max_length": model.config.seq_len}, f, indent=2)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **names,
+                   "model_max_length": model.config.seq_len}, f, indent=2)
     return {"out_dir": out_dir, "model_type": arch, "dtype": config["dtype"],
             "dropped_mtp": model.config.n_mtp}
 

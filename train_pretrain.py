@@ -193,8 +193,8 @@ if not args.source_mb >= 0:
     common.die(f"--source-mb must be >= 0 (0 = no cap), got {args.source_mb}")
 if init is None:   # a bad architecture is refused now, before any data is prepared
     try:
-        GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_dense_layers=N_DENSE_LAYERS,
-                  **{k: getattr(args, k) for k in ARCH})
+        scratch = GPTConfig(vocab_size=args.vocab_size, seq_len=args.seq_len, n_dense_layers=N_DENSE_LAYERS,
+                            **{k: getattr(args, k) for k in ARCH})
     except ValueError as e:
         common.die(str(e))
 user_data, mix = corpus.parse_sources(args.data, args.mix)
@@ -215,9 +215,7 @@ def dry_run():
     est_prep_min, rank 0's data preparation (once; a later run reuses it), is timed here on a sample
     of 200 tasks and 0.5 MB per source and scaled to the preset's sizes (corpus.prep_minutes; how, in
     est_prep_basis): on this machine's CPU, not the GPU host's."""
-    cfg = init.config if init is not None else GPTConfig(vocab_size=args.vocab_size, seq_len=T,
-                                                         n_dense_layers=N_DENSE_LAYERS,
-                                                         **{k: getattr(args, k) for k in ARCH})
+    cfg = init.config if init is not None else scratch     # from scratch: the configuration checked above
     name, peak, mem = plan.plan_device(args)
     n_total, n_active, flops_per_token = plan.model_plan(cfg)
     tokens = args.batch_tokens * args.max_steps

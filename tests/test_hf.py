@@ -49,11 +49,11 @@ def train_texts():
 WORDS = {"qwen": ["<think>"], "digits": [], "gpt2": ["  ", "    ", "        "]}   # added, not special
 
 
-def lib_tokenizer(style, path, vocab=700):
+def lib_tokenizer(style, path, vocab=700, specials=SPECIALS):
     """A byte-level BPE trained with the tokenizers library, pre-tokenized as Qwen ("qwen": NFC, a Split
     regex, ByteLevel), StarCoder/Granite ("digits") or GPT-2/OLMoE ("gpt2") do, with added tokens that
     are not special as Qwen3 (<think>) and GPT-NeoX / OLMoE (runs of spaces) have; `vocab` ids in all,
-    written to path."""
+    the special tokens first, written to path."""
     from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
     t = tokenizers.Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style != "qwen")
@@ -67,20 +67,21 @@ def lib_tokenizer(style, path, vocab=700):
         t.pre_tokenizer = byte_level
     t.decoder = decoders.ByteLevel()
     t.train_from_iterator(train_texts(), trainers.BpeTrainer(
-        vocab_size=vocab - len(WORDS[style]), special_tokens=SPECIALS,
+        vocab_size=vocab - len(WORDS[style]), special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     t.add_tokens(WORDS[style])
     t.save(str(path))
     return t
 
 
-def hf_model(arch, path, vocab=700, std=0.2, seed=0, stops=False):
+def hf_model(arch, path, vocab=700, std=0.2, seed=0, stops=False, default_ids=False):
     """A tiny random transformers model of `arch` saved in path (end-of-text id 0, pad 1, as the
-    tokenizer's); 2 layers, width 64, 4 heads over 2 KV heads, 8 experts top-2. stops: it ends a sample
-    after ~10 tokens on average (ends_often), so that RL's groups vary in length."""
+    tokenizer's; default_ids: transformers' defaults); 2 layers, width 64, 4 heads over 2 KV heads, 8
+    experts top-2. stops: it ends a sample after ~10 tokens on average (ends_often), so that RL's groups
+    vary in length."""
+    ids = {} if default_ids else dict(eos_token_id=0, pad_token_id=1, bos_token_id=None)
     c = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, pad_token_id=1,
-             bos_token_id=None, initializer_range=std, rms_norm_eps=1e-6,
+             num_key_value_heads=2, max_position_embeddings=256, **ids, initializer_range=std, rms_norm_eps=1e-6,
              rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     moe = dict(c, num_experts_per_tok=2)
     T = transformers
@@ -347,6 +348,34 @@ def test_export_round_trip_of_this_projects_checkpoint(tmp_path, capsys):
     # and back: the exported directory loads as this model, tokenizer ids unchanged
     back, tok2, _ = hf.load_checkpoint(str(tmp_path / "out"))
     assert (back(x)[0] - model(x)[0]).abs().max() <= 1e-5 and tok2.encode(TEXTS[0]) == tok.encode(TEXTS[0])
+
+
+def test_export_of_a_model_whose_end_of_text_is_an_ordinary_token(tmp_path, capsys):
+    """A GraniteMoe directory whose config.json keeps transformers' default eos id (2: here an ordinary
+    token, the tokenizer's special ones being 0 and 1), continued as a checkpoint, exports: config.json
+    keeps the id, tokenizer_config.json names no eos or pad token (no name is theirs), and transformers
+    and hf.py read the directory back as the same model and tokenizer."""
+    d = hf_model("granitemoe", tmp_path / "granite", default_ids=True)
+    lib_tokenizer("digits", tmp_path / "granite" / "tokenizer.json", specials=SPECIALS[:2])
+    assert json.load(open(tmp_path / "granite" / "config.json"))["eos_token_id"] == 2
+    model, tok, _ = hf.load_checkpoint(d)
+    assert tok.eot_id == tok.pad_id == 2 and 2 not in tok.specials.values()
+    common.save_checkpoint(tmp_path / "ck.pt", model, tok)             # as train_pretrain --init-from DIR does
+    hf.main(["export", str(tmp_path / "ck.pt"), str(tmp_path / "out")])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and json.loads(out[0])["model_type"] == "granitemoe"
+    config = json.load(open(tmp_path / "out" / "config.json"))
+    assert (config["eos_token_id"], config["pad_token_id"]) == (2, 2)
+    assert not {"eos_token", "pad_token"} & set(json.load(open(tmp_path / "out" / "tokenizer_config.json")))
+    x = torch.randint(0, 700, (2, 12), generator=torch.Generator().manual_seed(3))
+    assert (model(x)[0] - transformers_logits(str(tmp_path / "out"), x)).abs().max() <= 1e-4
+    lib = tokenizers.Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    lib.encode_special_tokens = True
+    for text in TEXTS:
+        assert lib.encode(text, add_special_tokens=False).ids == tok.encode(text), text[:40]
+    back, tok2, _ = hf.load_checkpoint(str(tmp_path / "out"))
+    assert (tok2.eot_id, tok2.pad_id) == (2, 2) and tok2.fingerprint() == tok.fingerprint()
+    assert torch.equal(back(x)[0], model(x)[0])
 
 
 def test_export_refuses_what_no_architecture_computes(tmp_path, capsys):
