@@ -277,7 +277,7 @@ def run_repo(args, model, tok, gen):
             task.issue = args.issue or project_issue(pool, task)
             os.close(open_dir(args.out_dir, args.repo))
         except (OSError, ValueError) as e:
-            common.die(str(e))
+            common.die(str(e) if isinstance(e, ValueError) else f"{e} (no link in the project is followed)")
         # the memory carries an episode past the context: past the threshold of the model's whole context
         # (env.summary_at) it summarises, masks old observations or slides (--memory: the one RL trained)
         tools = env.Tools(max_actions=env.LONG_ACTIONS, memory=args.memory, window=model.config.seq_len)
