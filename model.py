@@ -269,6 +269,18 @@ class MoE(nn.Module):
         track=False skips the balancing terms (generation: nobody reads them)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        topi, gates, logits, probs = self.route(x, route)
+        path = self.path(x)      # the sorted dispatch, or a speed path (below)
+        y = self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
+            self.experts(x, topi, gates, grouped=path == "grouped")
+        if self.shared is not None:
+            y = y + self.shared(x)
+        if track:
+            self.balance_terms(logits, probs, topi, None if valid is None else valid.reshape(-1).to(x.device))
+        return y.view(shape), topi.detach()
+
+    def route(self, x, route=None):
+        """x (N, D) -> the experts of each token (N, top_k), their gates, the router's logits and probs."""
         # Router in fp32 even under bf16 autocast (Switch, OLMoE): the softmax over experts and the
         # top-k choice are sensitive to rounding, and a flipped choice changes the whole expert output.
         with torch.autocast(x.device.type, enabled=False):
@@ -284,14 +296,7 @@ class MoE(nn.Module):
         # learns from the balancing terms only; use top_k >= 2. OLMoE keeps the raw probabilities.
         if self.cfg.norm_topk_prob:
             gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-20)
-        path = self.path(x)      # the sorted dispatch, or a speed path (below)
-        y = self.experts_dense(x.to(compute_dtype(x)), topi, gates) if path == "dense" else \
-            self.experts(x, topi, gates, grouped=path == "grouped")
-        if self.shared is not None:
-            y = y + self.shared(x)
-        if track:
-            self.balance_terms(logits, probs, topi, None if valid is None else valid.reshape(-1).to(x.device))
-        return y.view(shape), topi.detach()
+        return topi, gates, logits, probs
 
     def experts(self, x, topi, gates, grouped=False):
         """Dropless dispatch (MegaBlocks, torchtitan): sort the N*k (token, slot) pairs by expert, run
@@ -318,7 +323,8 @@ class MoE(nn.Module):
         with grouped_mm's own kernel (native_grouped_mm); dense under torch.compile on CPU (the sort
         and grouped_mm are data-dependent) and on CUDA for a small no-grad batch that would otherwise
         take sorted (a decode step in fp32, or on a GPU without the kernel), since sorted reads the
-        group sizes on the host, a sync per layer and token; sorted elsewhere."""
+        group sizes on the host, a sync per layer and token; sorted elsewhere. (A CPU decode step of
+        a few rows runs every expert in sampling.fused_step.)"""
         if self.dispatch != "auto":
             return self.dispatch
         if torch.compiler.is_compiling() and not x.is_cuda:
@@ -332,10 +338,7 @@ class MoE(nn.Module):
 
     def experts_dense(self, x, topi, gates):
         """Every expert on every token, weighed by the gates (zero off the top-k): E/k times the
-        FLOPs, but a fixed handful of ops with static shapes. What a compiled CPU decode step runs
-        (sampling.compiled_trunk): the sort, the bincount and grouped_mm (bf16-only under compile) are
-        data-dependent; at a few dozen rows the step's cost is ops, not FLOPs. dispatch "auto" takes
-        it for anything compiled on CPU (a compiled CPU training step would pay the FLOPs too)."""
+        FLOPs, but a fixed handful of ops with static shapes and no host read (path())."""
         w = torch.zeros(x.size(0), self.E, dtype=x.dtype, device=x.device)
         w = w.scatter_add(1, topi, gates.to(x.dtype))
         a, b = torch.matmul(x, self.w1.to(x.dtype)).chunk(2, -1)                 # (E, N, H) each

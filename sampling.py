@@ -8,21 +8,22 @@ router replay), pasts for multi-turn episodes; and its parts KVCache, prefill, s
 live beside it, each tested equal to it (tests/test_generate.py), and are chosen in one place,
 `generate`, which everything that samples calls (env.run_episodes, eval.py, agent.py, pretraining's
 samples): finished rows retired from the batch (`retiring`), sync-free decoding on a GPU, two decode
-streams on a CPU, a compiled decode step, and speculative decoding with the MTP modules
-(speculative.py, where SPECULATIVE is set). Episodes have a speed path of their own, continuous
+streams on a CPU, a fused decode step (`fused_step`, on a CPU), and speculative decoding with the MTP
+modules (speculative.py, where SPECULATIVE is set). Episodes have a speed path of their own, continuous
 batching (`Rows`, a cache whose rows have lengths of their own; env.episodes_continuous), chosen by
 `continuous`; in both episode loops each row draws from a random stream of its own (`Streams`).
-Measured in lab/bench.py (generation, compiled, speculative, episodes); the figures are in
+Measured in lab/bench.py (generation, step, speculative, episodes); the figures are in
 docs/benchmarks.md and docs/speculative.md.
 """
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
 
-from model import GPT, autocast
+import torch.nn.functional as F
+
+from model import autocast
 
 # The dtype of recorded routes (expert ids): one byte a route; model.GPTConfig refuses more experts.
 ROUTE_DTYPE = torch.uint8
@@ -302,10 +303,10 @@ def row_seeds(n, generator=None):
 # only: log-probs move by ~1e-6 when the thread count splits reductions differently).
 THREADS = 1      # torch threads per decode stream on CPU (0: leave torch's setting); see cpu_threads
 STREAMS = 2      # decode streams (Python threads) on CPU: this machine's 2 cores
-# Decode steps through torch.compile(trunk) (compiled_trunk). Off by default: compiling (and
-# recompiling for new shapes) takes minutes on 2 cores; eval.py --compile-decode turns it on.
-COMPILE = False
-_COMPILED = {}   # "trunk": GPT.trunk under torch.compile, one for every model (False: compiling failed)
+# Decode steps through fused_step on a CPU (decoder); False: the reference's trunk and LM head.
+FUSED = True
+# A fused decode step of up to DENSE_ROWS rows runs every expert, one matmul each way (fused_step).
+DENSE_ROWS = 8
 # SPECULATIVE: the drafting sampler generate uses where the model has MTP modules (agent.py sets it to
 # speculative.generate; None: off). Calls that want routes still take retiring: the drafts' routes
 # are not recorded.
@@ -355,12 +356,12 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
     n, cpu = len(prompts), next(model.parameters()).device.type == "cpu"
     fn = retiring
     if speculates(model, kw.get("return_routes")):
-        fn, kw = SPECULATIVE, {k: v for k, v in kw.items() if k not in ("trunk", "return_routes")}
+        fn, kw = SPECULATIVE, {k: v for k, v in kw.items() if k not in ("step", "return_routes")}
         if isinstance(generator, Streams):   # its draws are not per row: one generator, seeded from them
             seed = int(generator.seeds.sum() + generator.drawn.sum()) % 2 ** 62
             generator = torch.Generator().manual_seed(seed)
     else:
-        kw.setdefault("trunk", compiled_trunk(model) if COMPILE else None)
+        kw.setdefault("step", decoder(model))      # its weights prepared once, for every share
     streams = n_streams(model, n, streams)
     starts = [0] + [b for b in range(1, n) if past is not None or prompts[b] != prompts[b - 1]]
     # shares start at a prompt's first row (any row, with pasts), the one nearest to i * n / streams
@@ -375,8 +376,7 @@ def generate(model, prompts, max_new_tokens, streams=None, generator=None, past=
         a, b = bounds[i], bounds[i + 1]
         g = generator[a:b] if rows else torch.Generator().manual_seed(seeds[i])
         return fn(model, prompts[a:b], max_new_tokens, generator=g, past=past[a:b] if past else None, **kw)
-    with cpu_threads(1), ThreadPoolExecutor(len(bounds) - 1) as pool:
-        return [o for part in pool.map(share, range(len(bounds) - 1)) for o in part]
+    return [o for part in side_by_side(model, share, range(len(bounds) - 1)) for o in part]
 
 
 def side_by_side(model, fn, shares):
@@ -391,10 +391,10 @@ def side_by_side(model, fn, shares):
 
 def continuous(model, return_routes, max_turns, rows, batch_size):
     """Does env.run_episodes take continuous batching (EPISODES), rather than its turn-by-turn loop?
-    Not where generate would decode speculatively or through the compiled step (COMPILE), which are
-    the turn loop's, nor for one-turn episodes whose rows fit one batch: every row starts at once, so
-    no place is refilled, and the two loops decode the same steps (lab/bench.py generation)."""
-    return (EPISODES == "continuous" and not speculates(model, return_routes) and not COMPILE
+    Not where generate would decode speculatively (the turn loop's speed path), nor for one-turn
+    episodes whose rows fit one batch: every row starts at once, so no place is refilled, and the two
+    loops decode the same steps (lab/bench.py generation)."""
+    return (EPISODES == "continuous" and not speculates(model, return_routes)
             and (max_turns > 1 or rows > batch_size))
 
 
@@ -430,10 +430,10 @@ def retire(done, cache, save_past, *rows):
 @torch.no_grad()
 def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
                       generator=None, return_routes=False, past=None, return_past=False,
-                      trunk=None) -> list[dict]:
+                      step=None) -> list[dict]:
     """reference's samples with the finished rows retired: the same arguments and outputs (and
-    the same tokens until a row retires: tests/test_generate.py), plus trunk, the function each
-    decode step calls instead of model.trunk (compiled_trunk; the prefill always runs model.trunk).
+    the same tokens until a row retires: tests/test_generate.py), plus step, the decode step
+    (decoder(model) where None; the prefill always runs model.trunk).
 
     A finished row (stop id or max_new_tokens) is dropped from the batch and the cache, in bulk once
     >= 1/8 of the rows are done (to amortise the copy), so it stops costing compute; a multi-turn
@@ -478,7 +478,7 @@ def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
         r = int(alive[j])
         n = int(b.n_past[b.which[r]]) + len(prompts[r]) + int(n_out[r]) - 1
         pasts[r] = cache.take(j, valid[j, :cache.pos].nonzero().squeeze(1)[:n])
-    trunk = trunk or model.trunk
+    step = step or decoder(model)
     for t in range(max_new_tokens):
         token, lp = sample(logits, temperature, top_k, top_p, generator, sync_free(dev))
         tokens[alive, t], logprobs[alive, t] = token, lp
@@ -495,9 +495,8 @@ def retiring(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0
             token, valid, pos, alive, done = retire(done, cache, save_past if return_past else None,
                                                     token, valid, pos, alive, done)
         mask = valid[:, None, None, :cache.pos + 1] if padded else None
-        h, chosen = trunk(token[:, None], pos[:, None], cache, mask)
+        logits, chosen = step(token, pos, cache, mask)
         cache.pos += 1
-        logits = model.lm_head(h[:, -1]).float()
         pos += 1
         if return_routes and nl:
             routes[:, alive, L + t] = torch.stack([c.view(len(alive), k) for c in chosen])
@@ -609,7 +608,7 @@ class Rows:
     def __init__(self, model, n_rows, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
                  return_routes=False):
         dev = next(model.parameters()).device
-        self.model, self.dev, self.max_new = model, dev, max_new_tokens
+        self.model, self.dev, self.max_new, self.decode = model, dev, max_new_tokens, decoder(model)
         self.draw = (temperature, top_k, top_p)
         self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
         self.cache = RowCache(model.config.n_layer, n_rows, dev,
@@ -666,10 +665,9 @@ class Rows:
             outs = self.outputs(ended)
             if len(ended) < len(self.place):
                 where = self.cache.at(None, 1)
-                h, chosen = self.model.trunk(token[:, None], where, self.cache, self.cache.mask())
+                self.logits, chosen = self.decode(token, where[:, 0], self.cache, self.cache.mask())
                 self.cache.record(chosen)
                 self.cache.lens += self.live & ~end
-                self.logits = self.model.lm_head(h[:, -1]).float()
             return outs
 
     def prefill(self):
@@ -730,7 +728,7 @@ class Rows:
 
 
 # ----------------------------------------------------------------------------------------------
-# Two decode streams, a compiled decode step
+# Two decode streams, the fused decode step
 
 @contextmanager
 def cpu_threads(n):
@@ -748,27 +746,81 @@ def cpu_threads(n):
         torch.set_num_threads(before)
 
 
-def compiled_trunk(model):
-    """model.trunk under torch.compile (CPU inductor, dynamic shapes: the rows shrink as they retire
-    and the cache grows by a column a step), for retiring's `trunk`. A CPU decode step is a few
-    hundred small ops whose dispatch costs more than their arithmetic; the compiler fuses them into a
-    few dozen kernels, and the MoE layers run every expert densely (MoE.experts_dense) instead of
-    sorting tokens. The unbound GPT.trunk is compiled once, with the model as an argument: the
-    weights are graph inputs (an optimizer step needs no recompile) and nothing cached refers to a
-    model (a compiled bound method would keep its model alive). Where compiling fails (e.g. no C++
-    compiler) it warns once and every later call, of any model, runs the eager trunk."""
-    if "trunk" not in _COMPILED:
-        _COMPILED["trunk"] = torch.compile(GPT.trunk, dynamic=True)
+def decoder(model):
+    """The decode step of retiring and Rows, chosen here: (tokens (B,), their positions (B,), cache,
+    mask) -> (logits (B, V) fp32, the experts each MoE layer chose). fused_step for an fp32 model on
+    a CPU (FUSED), else the reference's: the trunk, then the LM head."""
+    if FUSED and model.lm_head.weight.device.type == "cpu" and model.lm_head.weight.dtype == torch.float32:
+        return fused_step(model)
 
-    def trunk(idx, pos, cache=None, mask=None):
-        if _COMPILED["trunk"]:
-            try:
-                return _COMPILED["trunk"](model, idx, pos, cache, mask)
-            except Exception as e:
-                # The failed call wrote at most this step's cache column, which the eager call writes
-                # again (retiring moves cache.pos after the call).
-                warnings.warn(f"--compile-decode: torch.compile failed, decoding eagerly "
-                              f"({type(e).__name__}: {e})"[:300])
-                _COMPILED["trunk"] = False
-        return model.trunk(idx, pos, cache, mask)
-    return trunk
+    def step(token, pos, cache, mask):
+        h, chosen = model.trunk(token[:, None], pos[:, None], cache, mask)
+        return model.lm_head(h[:, -1]).float(), chosen
+    return step
+
+
+@torch.no_grad()
+def fused_step(model):
+    """model.trunk and the LM head for one token a row in fewer, larger ops. A CPU decode step is a
+    few hundred small ops, so at the few dozen rows RL decodes, what each costs to dispatch is much of
+    its time: q's and k's norms and RoPE as one op each over both; each residual add inside its
+    matmul (addmm); attention as two matmuls, a KV head's query heads as its query rows (one read
+    of its keys, no copy); and at up to DENSE_ROWS rows every expert, the shared ones too, as one
+    matmul each way weighed by the gates (zero off the top-k), where the sparse dispatch sorts,
+    gathers and runs a matmul per expert. Its weights side by side are copies made here, once per
+    generate call, never a checkpoint's layout. The reference's results to float rounding (the
+    dense sum adds in another order): the same tokens and routes, log-probs within 1e-5
+    (tests/test_generate.py)."""
+    cfg = model.config
+    H, Hk, D, Hx = cfg.n_head, cfg.n_kv_head, cfg.head_width, cfg.expert_hidden
+    prep = []
+    for blk in model.blocks:
+        a, m, w = blk.attn, blk.mlp, {}
+        if cfg.qk_norm == "head":
+            w["qk"] = torch.cat([a.q_norm.weight.expand(H, D), a.k_norm.weight.expand(Hk, D)])
+        if blk.is_moe:   # (width, experts x [gate | up]) and (experts x hidden, width); shared: gate 1
+            up, down = [m.w1.permute(1, 0, 2).flatten(1)], [m.w2.flatten(0, 1)]
+            if m.shared is not None:
+                up.append(m.shared.w1.weight.T.unflatten(1, (2, -1, Hx)).transpose(1, 2).flatten(1))
+                down.append(m.shared.w2.weight.T)
+            gate = (torch.arange(m.E + cfg.n_shared_expert) >= m.E).float()[None]   # routed 0, shared 1
+            w.update(up=torch.cat(up, 1), down=torch.cat(down), gate=gate)
+        prep.append(w)
+
+    def step(token, pos, cache, mask):
+        B, hide = len(token), None if mask is None else ~mask
+        cos, sin = (t.view(B, 1, -1) for t in model.rope(pos[:, None]))
+        x, chosen = model.wte(token) * cfg.embedding_multiplier, []     # Granite's multiplier (1 elsewhere)
+        for blk, w in zip(model.blocks, prep):
+            a = blk.attn
+            qkv = F.linear(blk.norm1(x), a.qkv.weight)
+            qk = qkv[:, :(H + Hk) * D].unflatten(1, (H + Hk, D))           # q's heads, then k's
+            if "qk" in w:
+                qk = F.rms_norm(qk, (D,), eps=cfg.rms_eps or None) * w["qk"]
+            elif cfg.qk_norm == "width":
+                q, k = a.q_norm(qk[:, :H].flatten(1)), a.k_norm(qk[:, H:].flatten(1))
+                qk = torch.cat([q, k], 1).view_as(qk)
+            x1, x2 = qk.chunk(2, -1)
+            qk = torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)    # apply_rope's arithmetic
+            k, v = cache.update(a.layer_idx, qk[:, H:, None], qkv[:, (H + Hk) * D:].view(B, Hk, 1, D))
+            att = qk[:, :H].reshape(B, Hk, H // Hk, D) @ k.transpose(-1, -2) * (a.scale or D ** -0.5)
+            if hide is not None:
+                att = att.masked_fill(hide, float("-inf"))
+            x = torch.addmm(x, (att.softmax(-1) @ v).view(B, H * D), a.proj.weight.T, alpha=blk.mult)
+            h = blk.norm2(x)
+            if not blk.is_moe:
+                g, u = F.linear(h, blk.mlp.w1.weight).chunk(2, -1)
+                x = torch.addmm(x, F.silu(g) * u, blk.mlp.w2.weight.T, alpha=blk.mult)
+                continue
+            if B > DENSE_ROWS:       # the sparse dispatch (MoE.path)
+                y, topi = blk.mlp(h[:, None], track=False)
+                x = x + blk.branch(y[:, 0])
+            else:
+                topi, gates = blk.mlp.route(h)[:2]
+                gu = (h @ w["up"]).unflatten(1, (-1, 2, Hx))
+                gw = w["gate"].expand(B, -1).scatter(1, topi, gates)
+                x = torch.addmm(x, (F.silu(gu[:, :, 0]) * gu[:, :, 1] * gw[:, :, None]).flatten(1), w["down"],
+                                alpha=blk.mult)
+            chosen.append(topi)
+        return model.lm_head(model.norm(x)).float(), chosen
+    return step

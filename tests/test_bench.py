@@ -6,13 +6,11 @@ import math
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 
 from lab import bench, gpu_check
-import sampling
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,20 +66,6 @@ def test_eot_hazard_sets_the_end_probability():
 def test_decode_step_ms_is_a_positive_time():
     ms = bench.decode_step_ms(tiny(), [1, 2, 3, 4], 4, torch.Generator().manual_seed(0), n_new=8)
     assert math.isfinite(ms) and 0 < ms < 1000
-
-
-def test_compile_error_reports_failures_in_one_line(monkeypatch):
-    monkeypatch.delitem(sampling._COMPILED, "trunk", raising=False)
-    assert bench.compile_error(lambda: None) is None
-    assert bench.compile_error(lambda: 1 / 0).startswith("ZeroDivisionError: ")
-
-    def falls_back():   # what sampling.compiled_trunk does when torch.compile fails: warn, mark, go eager
-        warnings.warn("--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc\nmore)")
-        sampling._COMPILED["trunk"] = False
-    monkeypatch.setitem(sampling._COMPILED, "trunk", None)
-    with warnings.catch_warnings(record=True):
-        err = bench.compile_error(falls_back)
-    assert err == "--compile-decode: torch.compile failed, decoding eagerly (BackendCompilerFailed: no cc"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")

@@ -162,14 +162,11 @@ def test_continuous_episodes_are_the_reference_loops(monkeypatch, pool, function
 
 def test_the_chooser(monkeypatch):
     """sampling.continuous: continuous batching unless EPISODES says turns, generate would decode
-    speculatively (agent.py at batch 1) or through the compiled step (the turn loop's speed paths), or
-    one-turn rows fit one batch (nothing to refill)."""
+    speculatively (agent.py at batch 1: the turn loop's speed path), or one-turn rows fit one batch
+    (nothing to refill)."""
     model = tiny_model(61, 96)
     assert sampling.continuous(model, False, 3, 8, 8) and sampling.continuous(model, False, 1, 9, 8)
     assert not sampling.continuous(model, False, 1, 8, 8)
-    monkeypatch.setattr(sampling, "COMPILE", True)
-    assert not sampling.continuous(model, False, 3, 8, 8)
-    monkeypatch.setattr(sampling, "COMPILE", False)
     monkeypatch.setattr(sampling, "EPISODES", "turns")
     assert not sampling.continuous(model, False, 3, 8, 8)
     monkeypatch.setattr(sampling, "EPISODES", "continuous")

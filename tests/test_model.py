@@ -1,9 +1,7 @@
 """Tests for model.py (CPU, tiny configs, seconds each): timeout 300 python -m pytest tests/test_model.py -q -x"""
-import gc
 import math
 import os
 import sys
-import weakref
 from dataclasses import asdict
 
 import pytest
@@ -461,86 +459,6 @@ def test_generate_continues_a_past_like_the_full_prompt():
         assert a["tokens"] == greedy_by_full_forward(model, whole, 4)
 
 
-@pytest.mark.slow   # a torch.compile of the decode step
-def test_compiled_decode_samples_what_eager_does(monkeypatch):
-    """sampling.COMPILE (eval.py --compile-decode): decode steps through
-    torch.compile(trunk), the experts run densely, ops are fused. Same seed -> the same tokens and
-    routes as the eager steps, log-probs within float rounding of the eager ones and of a full
-    forward pass, for padded prompts whose rows retire at different steps; after an in-place weight
-    update (an optimizer step) it samples what the eager model with the new weights samples."""
-    model = tiny()
-    prompts = [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8], [9, 9]] * 5     # 20 rows, 4 prompt lengths
-
-    def run(m=model):     # the same model object, updated in place below
-        return sampling.generate(m, prompts, 10, temperature=1.0, stop_ids=[7, 11], return_routes=True,
-                             generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(sampling, "_COMPILED", {})            # a compile of its own, whatever ran before
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for update in range(2):
-        eager = run()
-        monkeypatch.setattr(sampling, "COMPILE", True)
-        compiled = run()
-        monkeypatch.setattr(sampling, "COMPILE", False)
-        assert {len(o["tokens"]) for o in eager} != {10}                  # some rows stopped early
-        for p, a, b in zip(prompts, eager, compiled):
-            assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
-            torch.testing.assert_close(torch.tensor(b["logprobs"]), torch.tensor(a["logprobs"]), rtol=0, atol=1e-5)
-        logits, _ = model(torch.tensor([prompts[1] + compiled[1]["tokens"][:-1]]))
-        full = logits[0, len(prompts[1]) - 1:].log_softmax(-1).gather(-1, torch.tensor(compiled[1]["tokens"])[:, None])
-        torch.testing.assert_close(torch.tensor(compiled[1]["logprobs"]), full.squeeze(1), rtol=0, atol=1e-4)
-        with torch.no_grad():
-            for q in model.parameters():
-                q.mul_(1.3)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile (not eager)
-    # a multi-turn continuation (env.run_episodes): each row's cache starts from its past
-    first = sampling.reference(model, prompts, 4, temperature=1.0, return_past=True, generator=torch.Generator().manual_seed(1))
-    cont = {}
-    for on in (False, True):
-        monkeypatch.setattr(sampling, "COMPILE", on)
-        cont[on] = sampling.generate(model, [[30, 31]] * len(prompts), 5, temperature=1.0,
-                                           past=[o["past"] for o in first], generator=torch.Generator().manual_seed(2),
-                                           return_routes=True)
-    for a, b in zip(cont[False], cont[True]):
-        assert a["tokens"] == b["tokens"] and torch.equal(a["routes"], b["routes"])
-    # prompts of one length: no padding, no mask; the step must still compile whole (a symbolic
-    # is_causal once broke the graph at every attention layer)
-    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-    same = {}
-    for on in (False, True):
-        monkeypatch.setattr(sampling, "COMPILE", on)
-        same[on] = sampling.generate(model, [[5, 3, 9], [4, 4, 4]] * 4, 6, temperature=1.0,
-                                           generator=torch.Generator().manual_seed(3))
-    assert [o["tokens"] for o in same[False]] == [o["tokens"] for o in same[True]]
-    assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
-    # the compiled step is shared, and keeps no model alive (eval.py loads one per checkpoint)
-    gone = weakref.ref(model)
-    del model, run, first, cont, same     # run: its default argument holds the model
-    gc.collect()
-    assert gone() is None
-
-
-def test_compiled_decode_falls_back_to_eager(monkeypatch):
-    """Where torch.compile cannot build the step (no C++ compiler, say), generate warns once and
-    decodes eagerly: the same samples as with sampling.COMPILE off."""
-    model = tiny()
-
-    def broken(fn, **kw):
-        def call(*a, **k):
-            raise RuntimeError("no C++ compiler")
-        return call
-    def run():
-        return sampling.generate(model, [[5, 3, 9], [8]] * 2, 6, temperature=1.0,
-                             generator=torch.Generator().manual_seed(0))
-    eager = run()
-    monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(sampling, "_COMPILED", {})       # as if no earlier test had compiled the step
-    monkeypatch.setattr(sampling, "COMPILE", True)
-    with pytest.warns(UserWarning, match="decoding eagerly"):
-        compiled = run()
-    assert compiled == eager and sampling._COMPILED["trunk"] is False
-    assert run() == eager
-
-
 def host_reads(monkeypatch):
     """Counts the reads of tensor values into Python (each one a wait for the device on a GPU):
     .item(), .tolist(), bool(), int(), float(), use as an index, .nonzero() (its shape is the
@@ -561,9 +479,11 @@ def test_sync_free_decode_reads_the_host_every_few_tokens(monkeypatch, dispatch)
     device per token, only the finished rows every DONE_EVERY tokens: 48 more tokens add 3 looks, at
     most 2 reads each (their count; the rows to keep, where rows retire), for any MoE dispatch that
     keeps group sizes on the device. The CPU loop reads every token (the check that the count sees
-    them), and MoE 'sorted' reads the group sizes."""
+    them), and MoE 'sorted' reads the group sizes. Through the reference's decode step, as on a GPU
+    (the fused step is the CPU's: sampling.decoder)."""
     MoE.dispatch = dispatch
     monkeypatch.setattr(sampling, "DONE_EVERY", 16)
+    monkeypatch.setattr(sampling, "FUSED", False)
     model, prompts = tiny(), [[5, 3, 9], [1, 2, 3, 4, 5, 6, 7], [8]] * 3      # padded: a masked decode step
     extra = {}
     for free in (True, False):
