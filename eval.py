@@ -43,7 +43,6 @@ import torch
 import hf
 from infra import common
 from data import corpus, search
-import sampling
 import env
 from sandbox import OUTCOMES, SandboxPool
 from rl.algo import pass_at_k, pass_sums, tool_calls
