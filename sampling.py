@@ -761,16 +761,14 @@ def decoder(model):
 
 @torch.no_grad()
 def fused_step(model):
-    """model.trunk and the LM head for one token a row in fewer, larger ops. A CPU decode step is a
-    few hundred small ops, so at the few dozen rows RL decodes, what each costs to dispatch is much of
-    its time: q's and k's norms and RoPE as one op each over both; each residual add inside its
-    matmul (addmm); attention as two matmuls, a KV head's query heads as its query rows (one read
-    of its keys, no copy); and at up to DENSE_ROWS rows every expert, the shared ones too, as one
-    matmul each way weighed by the gates (zero off the top-k), where the sparse dispatch sorts,
-    gathers and runs a matmul per expert. Its weights side by side are copies made here, once per
-    generate call, never a checkpoint's layout. The reference's results to float rounding (the
-    dense sum adds in another order): the same tokens and routes, log-probs within 1e-5
-    (tests/test_generate.py)."""
+    """model.trunk and the LM head for one token a row, in fewer and larger ops (at the few dozen rows
+    RL decodes, a step's few hundred small ops cost much of its time): q's and k's norms and RoPE as
+    one op each; residual adds inside their matmuls (addmm); attention as two matmuls, a KV head's
+    query heads as its query rows; and at up to DENSE_ROWS rows all experts, the shared ones too, as
+    one matmul each way weighed by the gates (zero off the top-k) instead of a sort, a gather and a
+    matmul per expert. The side-by-side weights are copies made here, once per generate call, never
+    a checkpoint's layout. The reference's results to float rounding (sums in another order): the
+    same tokens and routes, log-probs within 1e-5 (tests/test_generate.py)."""
     cfg = model.config
     H, Hk, D, Hx = cfg.n_head, cfg.n_kv_head, cfg.head_width, cfg.expert_hidden
     prep = []

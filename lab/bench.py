@@ -490,8 +490,10 @@ def bench_step(quick, device=CPU):
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).to(device).eval()
     P, g, out, worst, before = 130, torch.Generator().manual_seed(0), {}, 0.0, (sampling.FUSED, sampling.DENSE_ROWS)
-    arms = {"reference": (False, 0), "fused": (True, before[1]), "fused_sparse": (True, 0)}   # FUSED, DENSE_ROWS
     try:
+        sampling.FUSED = False          # each arm's step, its weights prepared once (as a generate call does)
+        ref, fused = sampling.decoder(model), sampling.fused_step(model)
+        arms = {"reference": (ref, 0), "fused": (fused, before[1]), "fused_sparse": (fused, 0)}   # step, DENSE_ROWS
         with torch.no_grad(), on_device(device, 1):
             for rows in (1, 4, 16, 64):
                 cache = sampling.KVCache(cfg.n_layer, 256)
@@ -501,14 +503,9 @@ def bench_step(quick, device=CPU):
                 pos = torch.full((rows,), P, device=device)
                 mask = (torch.arange(P + 1) >= torch.randint(0, 40, (rows, 1), generator=g)).to(device)[:, None, None]
 
-                steps = {}
-                for arm in arms:   # each arm's step, its weights prepared once (as a generate call does)
-                    sampling.FUSED = arms[arm][0]
-                    steps[arm] = sampling.decoder(model)
-
                 def step(arm):   # the cache keeps its length: every call writes column P again
                     cache.pos, sampling.DENSE_ROWS = P, arms[arm][1]
-                    return steps[arm](tok, pos, cache, mask)[0]
+                    return arms[arm][0](tok, pos, cache, mask)[0]
                 times = {arm: [] for arm in arms}
                 for _ in range(5 if quick else 20):
                     for arm in arms:
@@ -520,7 +517,7 @@ def bench_step(quick, device=CPU):
                       f"{out[f'step_ms_fused_sparse_{rows}rows']:.2f})", flush=True)
             for rows in (4, 64):
                 for arm in ("reference", "fused") * 3:
-                    sampling.FUSED, sampling.DENSE_ROWS = arms[arm]
+                    sampling.FUSED, sampling.DENSE_ROWS = arm == "fused", before[1]
                     ms = decode_step_ms(model, list(range(1, P + 1)), rows, g)
                     out[f"generate_step_ms_{arm}_{rows}rows"] = min(ms, out.get(f"generate_step_ms_{arm}_{rows}rows", ms))
                 print(f"  {rows:2d} rows: sampling.retiring's whole step {out[f'generate_step_ms_reference_{rows}rows']:.2f} "
