@@ -227,7 +227,7 @@ def eot_at_lengths(model, eot, lengths):
     step = threading.local()
 
     def on_input(mod, args):
-        if args[0].size(1) > 1:   # a prefill: a new generate() call starts
+        if args[0].dim() > 1 and args[0].size(1) > 1:   # a prefill: a new generate() call starts
             step.t = 0
 
     def on_logits(mod, args, out):   # in place: generation runs under no_grad

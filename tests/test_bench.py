@@ -63,6 +63,24 @@ def test_eot_hazard_sets_the_end_probability():
     assert torch.allclose(p, torch.full_like(p, 0.25), atol=1e-5), p
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_eot_hazard_ends_samples_at_the_lengths_given(monkeypatch, fused):
+    """Through either decode step (sampling.decoder: the fused one embeds one token a row), greedy
+    samples end where the hazard first makes end-of-text likeliest (lengths 3, 3, 4: P(eot) 0, 0, 2/3
+    at tokens 1-3): the hooks count the steps of each generate call."""
+    import sampling
+    monkeypatch.setattr(sampling, "FUSED", fused)
+    model, eot = tiny(), 7
+    hooks = bench.eot_at_lengths(model, eot, [3, 3, 4])
+    try:
+        for _ in range(2):     # a second call counts from its own prefill
+            outs = sampling.generate(model, [[1, 2, 3], [4, 5]] * 3, 8, temperature=0, stop_ids=[eot])
+            assert [len(o["tokens"]) for o in outs] == [3] * 6 and {o["tokens"][-1] for o in outs} == {eot}
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def test_decode_step_ms_is_a_positive_time():
     ms = bench.decode_step_ms(tiny(), [1, 2, 3, 4], 4, torch.Generator().manual_seed(0), n_new=8)
     assert math.isfinite(ms) and 0 < ms < 1000
