@@ -763,8 +763,8 @@ def decoder(model):
 def fused_step(model):
     """model.trunk and the LM head for one token a row, in fewer and larger ops (at the few dozen rows
     RL decodes, a step's few hundred small ops cost much of its time): q's and k's norms and RoPE as
-    one op each; residual adds inside their matmuls (addmm); attention as two matmuls, a KV head's
-    query heads as its query rows; and at up to DENSE_ROWS rows all experts, the shared ones too, as
+    one op each; residual adds inside their matmuls (addmm); a KV head's query heads as the query
+    rows of one attention call (its keys read once, not per head); and at up to DENSE_ROWS rows all experts, the shared ones too, as
     one matmul each way weighed by the gates (zero off the top-k) instead of a sort, a gather and a
     matmul per expert. The side-by-side weights are copies made here, once per generate call, never
     a checkpoint's layout. The reference's results to float rounding (sums in another order): the
@@ -786,7 +786,7 @@ def fused_step(model):
         prep.append(w)
 
     def step(token, pos, cache, mask):
-        B, hide = len(token), None if mask is None else ~mask
+        B = len(token)
         cos, sin = (t.view(B, 1, -1) for t in model.rope(pos[:, None]))
         x, chosen = model.wte(token) * cfg.embedding_multiplier, []     # Granite's multiplier (1 elsewhere)
         for blk, w in zip(model.blocks, prep):
@@ -801,10 +801,9 @@ def fused_step(model):
             x1, x2 = qk.chunk(2, -1)
             qk = torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], -1)    # apply_rope's arithmetic
             k, v = cache.update(a.layer_idx, qk[:, H:, None], qkv[:, (H + Hk) * D:].view(B, Hk, 1, D))
-            att = qk[:, :H].reshape(B, Hk, H // Hk, D) @ k.transpose(-1, -2) * (a.scale or D ** -0.5)
-            if hide is not None:
-                att = att.masked_fill(hide, float("-inf"))
-            x = torch.addmm(x, (att.softmax(-1) @ v).view(B, H * D), a.proj.weight.T, alpha=blk.mult)
+            y = F.scaled_dot_product_attention(qk[:, :H].reshape(B, Hk, H // Hk, D), k, v, attn_mask=mask,
+                                               scale=a.scale)    # a KV head's query heads as its query rows
+            x = torch.addmm(x, y.reshape(B, H * D), a.proj.weight.T, alpha=blk.mult)
             h = blk.norm2(x)
             if not blk.is_moe:
                 g, u = F.linear(h, blk.mlp.w1.weight).chunk(2, -1)

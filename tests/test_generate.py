@@ -7,7 +7,7 @@ Greedy, every path must give the reference's tokens, routes and pasts, with log-
 rounding (a retired row is computed in a smaller batch). Sampled, a path that draws for the same rows
 in the same order (no row retires: no stop id) must give the very same tokens and log-probs; through
 the fused decode step (sampling.fused_step), the same tokens and routes with log-probs within 1e-5:
-its ops add in another order (the dense experts' sum, attention as two matmuls), so equality holds to
+its ops add in another order (the dense experts' sum, attention over grouped query rows), so equality holds to
 float rounding only, a sampled token differing only where a uniform falls within ~1e-7 of a bin's
 edge (none does at these seeds)."""
 import pytest
