@@ -17,16 +17,20 @@ say where a helper is; the fault is anywhere in the chain. Kinds (KINDS):
   deleted   a helper's body deleted (feature deletion): written back from its docstring and its callers
   config    a deleted helper that needs a number only a settings module holds (its docstring says which)
   long      two such helpers, their numbers in two long settings modules (self-summarization, env.py)
-A fault is kept only if a visible test fails on it (and, for two_bugs, each fault alone fails a hidden
-test); the hidden tests are the entry point on 12 inputs, which must tell the program from a table of
-the visible cases. Held-out programs stay held out: a task's program is world.sample_task's, its split
-and near / novel slice the world's. The reference repository is this module's own text; outputs come
-from world.run, the primitives' compiled code; only text generated here is executed. Stdlib only.
+The hidden tests are the entry point on 12 inputs, the visible tests on the first 2-3; each fault alone,
+the function to fix giving its input back, the entry point's input and any constant fail both (_caught):
+no table of the visible cases earns a reward, whatever it gives elsewhere. A settings number is one of
+1-999 that the visible tests pin (_pinned): reading it is the cheaper way. Held-out programs stay held
+out: a task's program is world.sample_task's (a settings number keeps its slice), its split and near /
+novel slice the world's. The reference repository is this module's own text; outputs come from
+world.run, the primitives' compiled code; only text generated here is executed. Stdlib only.
 """
+import ast
 import builtins
 import collections
-import json
+import copy
 import dataclasses
+import json
 import keyword
 import re
 import types
@@ -52,7 +56,11 @@ KINDS = ("bug", "two_bugs", "deleted", "config")
 MUTATIONS = ("operator", "constant", "swap_args", "branch", "wrong_helper")
 FLIP = {">": "<", "<": ">", "==": "!=", "+": "-", "-": "+", "*": "+", "//": "%", "%": "//"}
 N_HIDDEN, N_VISIBLE = 12, (2, 3)
-MAX_TRIES = 400
+SETTING_VALUES = range(1, 1000)   # a settings number (config, long): too many to try, one at a time
+# the steps whose number a settings module can hold: each number shifts or scales every value, so that
+# the tests can tell it from any other (a threshold or a length beyond the inputs' values changes nothing)
+SETTABLE = ("add", "minus", "times", "add_each", "times_each", "add_values", "times_values")
+MAX_TRIES = 1000   # world programs per task: about 1 in 35 makes a long task (it needs two SETTABLE steps)
 
 
 @dataclasses.dataclass
@@ -90,7 +98,7 @@ def _lines(code):
 
 
 def primitive_def(key, n_note=None, example=None):
-    """(the helper's whole `def`, its body) for primitive `key`: the data, then one parameter per
+    """The helper's whole `def` for primitive `key`: the data, then one parameter per
     constant slot; its docstring is the primitive's phrase and one example. n_note (config), (label,
     file, value): the constant is no parameter but "N (N: the value set in FILE)", the reference body
     writes the value, and the example is left out."""
@@ -109,16 +117,12 @@ def primitive_def(key, n_note=None, example=None):
     if example is not None:
         args, out = example
         doc += f"\n    >>> {name}({', '.join(map(repr, args))})\n    {out!r}\n    "
-    return f'def {name}({", ".join(params)}):\n    """{doc}"""\n', body
-
-
-def _call(name, args):
-    return f"{name}({', '.join(args)})"
+    return f'def {name}({", ".join(params)}):\n    """{doc}"""\n' + body
 
 
 def _chain_body(arg, calls):
     """`result = h(arg, 16)` / `result = h(result)` lines, then `return result`."""
-    lines = [f"result = {_call(name, [arg if i == 0 else 'result'] + consts)}" for i, (name, consts) in
+    lines = [f"result = {name}({', '.join([arg if i == 0 else 'result'] + consts)})" for i, (name, consts) in
              enumerate(calls)]
     return _lines("\n".join(lines + ["return result"]))
 
@@ -141,7 +145,6 @@ def _describe(program, notes):
 @dataclasses.dataclass
 class Layout:
     """A project before its fault: the module of each function, each function's source, the chain."""
-    files: dict        # path -> {function name: source} (every module; settings are plain text)
     order: dict        # path -> [function names] in file order
     imports: dict      # path -> [modules it star-imports]
     calls: dict        # function -> [(callee, [constant literals])] in call order (entry, wrapper)
@@ -149,7 +152,7 @@ class Layout:
     wrapper: str | None
 
 
-def _layout(r, program, arg, entry, entry_mod, notes):
+def _layout(r, program, entry, entry_mod, notes):
     """Place the chain's helpers, an optional wrapper and 1-3 distractor helpers in 1-3 modules."""
     keys = [key for key, _ in program.steps]
     consts = [[repr(c) for c in cs] for _, cs in program.steps]
@@ -186,7 +189,7 @@ def _layout(r, program, arg, entry, entry_mod, notes):
     calls = {entry: entry_calls}
     if wrapper:
         calls[wrapper] = list(zip(names, consts))[i:i + 2]
-    files, order = {}, {}
+    order = {}
     for h in helpers + ([wrapper] if wrapper else []):
         order.setdefault(home[h], []).append(h)
     for m in order:
@@ -195,7 +198,7 @@ def _layout(r, program, arg, entry, entry_mod, notes):
     imports = {m: sorted({home[c].removesuffix(".py") for f in fs for c, _ in calls.get(f, [])}
                          - {m.removesuffix(".py")}) for m, fs in order.items()}
     prims = dict(zip(names, keys)) | {helper_name(k): k for k in distract}
-    return Layout(files, order, imports, calls, prims, wrapper), home, wrapper and i
+    return Layout(order, imports, calls, prims, wrapper), home
 
 
 def _render(layout, sources, settings=None):
@@ -229,7 +232,6 @@ def load(files, module, name):
 
 def outputs_of(files, module, name, inputs):
     """The entry point's value on each input (copies: a helper may mutate), or the exception it raised."""
-    import copy
     try:
         fn = load(files, module, name)
     except Exception as e:                     # noqa: BLE001 (a mutant that does not load: every call fails)
@@ -284,12 +286,10 @@ def _mutants(r, layout, sources, home):
                         (world.PRIMS[key].src, world.PRIMS[key].dst) and len(world.PRIMS[okey].consts) == \
                         len(world.PRIMS[key].consts):
                     out.append(("wrong_helper", f, src[:m.start()] + other + src[m.start() + len(callee):]))
-    by_kind = collections.defaultdict(list)
-    for m in out:
-        by_kind[m[0]].append(m)
-    kinds = sorted(by_kind)
+    kinds = sorted({m[0] for m in out})
     r.shuffle(kinds)                            # a kind at random, then one of its mutants at random
-    return [m for k in kinds for m in r.sample(by_kind[k], len(by_kind[k]))]
+    by_kind = [[m for m in out if m[0] == k] for k in kinds]
+    return [m for ms in by_kind for m in r.sample(ms, len(ms))]
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -304,13 +304,29 @@ def _cases(r, program):
     return cases[:n_vis], cases
 
 
-def _tells_a_table(visible, hidden):
-    """A function that returns each visible case's output and the commonest visible output elsewhere
-    fails a hidden case: the hidden tests tell such a table from the program."""
-    known = {repr(a): o for a, o in visible}
-    outs = collections.Counter(repr(o) for _, o in visible)
-    common = next(o for _, o in visible if repr(o) == outs.most_common(1)[0][0])
-    return any(repr(known.get(repr(a), common)) != repr(o) for a, o in hidden)
+def _caught(visible, hidden, got):
+    """Whether a body whose entry point gives `got` on the hidden inputs fails a visible case and a hidden
+    case the visible tests do not show (hidden starts with the visible cases): the visible tests reject
+    it, and no table of the visible cases with it as the default elsewhere passes the hidden tests."""
+    n = len(visible)
+    return not all(same(g, o) for g, (_, o) in zip(got[:n], visible)) and \
+        not all(same(g, o) for g, (_, o) in zip(got[n:], hidden[n:]))
+
+
+def _pinned(program, i, visible):
+    """Whether step i's number is the only one of SETTING_VALUES with which the program passes the
+    visible tests: they pin it, and trying the values one by one (an edit and a test each) costs far
+    more actions than reading it."""
+    (key, _), rest = program.steps[i], program.steps[i + 1:]
+    states = [world.run(world.Program(program.steps[:i]), a[0])[-1] if i else a[0] for a, _ in visible]
+    fits = (v for v in SETTING_VALUES if all(same(world.run(world.Program(((key, (v,)),) + rest), s)[-1], o)
+                                             for s, (_, o) in zip(states, visible)))
+    return next(fits) == program.steps[i][1][0] and next(fits, None) is None
+
+
+def _stub(source, body):
+    """A function's source with its body replaced by one line: its def line and docstring kept."""
+    return source.partition('"""\n')[0] + f'"""\n    {body}\n'
 
 
 def _test_file(module, name, cases):
@@ -325,10 +341,8 @@ def _test_file(module, name, cases):
 
 
 def _symptom(name, args, got, want):
-    call = f"{name}({', '.join(map(repr, args))})"
-    if isinstance(got, Exception):
-        return f"`{call}` raises {type(got).__name__}, expected {want!r}."
-    return f"`{call}` returns {got!r}, expected {want!r}."
+    what = f"raises {type(got).__name__}" if isinstance(got, Exception) else f"returns {got!r}"
+    return f"`{name}({', '.join(map(repr, args))})` {what}, expected {want!r}."
 
 
 def _mentions(text, value):
@@ -343,7 +357,10 @@ def make_repo_task(split, seed, index, kind, difficulties=None):
     task_id = f"repo/{split}/{seed}/{index}/{kind}"
     levels = sorted({max(2, d) for d in difficulties}) if kind == "long" and difficulties else difficulties
     for attempt in range(MAX_TRIES):
-        program, spec = world.sample_task(split, f"repo/{seed}/{index}", attempt, levels)
+        try:                                    # a world stream that finds no program: the next attempt
+            program, spec = world.sample_task(split, f"repo/{seed}/{index}", attempt, levels)
+        except RuntimeError:
+            continue
         r = families.Random(f"repo/{split}/{seed}/{index}/{attempt}")
         task = _build(r, task_id, split, program, spec, kind)
         if task:
@@ -356,18 +373,23 @@ def _build(r, task_id, split, program, spec, kind):
     arg = spec["args"][0]
     entry = r.choice(VERBS) + "_" + r.choice([o for o in OBJECTS if o != arg])
     entry_mod = r.choice(ENTRY_MODULES) + ".py"
-    visible, hidden = _cases(r, program)
-    if not _tells_a_table(visible, hidden):
-        return None
-    ints = [i for i, (key, _) in enumerate(program.steps) if _int_slot(key)]
+    ints = [i for i, (key, _) in enumerate(program.steps) if key in SETTABLE]
     n_facts = {"config": 1, "long": 2}.get(kind, 0)
     if len(ints) < n_facts:
         return None
     fact_steps = sorted(r.sample(ints, n_facts))
+    program = _settings_numbers(r, program, fact_steps, spec["slice"] if split == "test" else "train")
+    visible, hidden = _cases(r, program)
+    inputs, outs, xs = [a for a, _ in hidden], [o for _, o in hidden], [a[0] for a, _ in hidden]
+    # the entry point giving its input back, or a constant (the first output, the last: one of them is
+    # caught only if neither the visible nor the unseen outputs are all one) must fail both kinds of case
+    if not all(_caught(visible, hidden, got) for got in (xs, outs[:1] * len(outs), outs[-1:] * len(outs))) or \
+            world.degenerate(program, xs) or not all(_pinned(program, i, visible) for i in fact_steps):
+        return None
     settings = [m + ".py" for m in r.sample(SETTINGS_MODULES, n_facts)] if n_facts else []
     labels = ["N"] if n_facts == 1 else ["N1", "N2"]
     notes = {i: (label, s) for i, label, s in zip(fact_steps, labels, settings)}
-    layout, home, _ = _layout(r, program, arg, entry, entry_mod, notes)
+    layout, home = _layout(r, program, entry, entry_mod, notes)
     if entry_mod in home.values() or len(layout.order) + 1 + len(settings) > 8:
         return None
     # every function's reference source
@@ -378,76 +400,64 @@ def _build(r, task_id, split, program, spec, kind):
         note = notes[step] + (program.steps[step][1][0],) if step in notes else None
         cs = program.steps[step][1] if step is not None else tuple(r.choice(c) for _, c in world.PRIMS[key].consts)
         ex_in = _typed_example(r, key, program, step, example_pool)
-        example = None if note or ex_in is None else ([ex_in, *cs], _safe(world.PRIMS[key].fn, ex_in, cs))
-        if example is not None and isinstance(example[1], Exception):
+        try:
+            example = ([ex_in, *cs], world.PRIMS[key].fn(copy.deepcopy(ex_in), *cs))
+        except Exception:                       # noqa: BLE001 (no example of a step that raises there)
             example = None
-        head, body = primitive_def(key, note, example)
-        sources[h] = head + body
+        sources[h] = primitive_def(key, note, None if note or ex_in is None else example)
     if layout.wrapper:
         calls = layout.calls[layout.wrapper]
-        first = world.PRIMS[layout.prims[calls[0][0]]]
-        d = DATA_NAMES[first.src]
-        steps = [program.steps[[helper_name(k) for k, _ in program.steps].index(c)] for c, _ in calls]
-        doc = ", then ".join(world.PRIMS[k].phrase.format(**{s: repr(v) for (s, _), v in
-                                                               zip(world.PRIMS[k].consts, cs)}) for k, cs in steps)
+        d = DATA_NAMES[world.PRIMS[layout.prims[calls[0][0]]].src]
+        doc = _describe(world.Program(tuple(program.steps[[helper_name(k) for k, _ in program.steps].index(c)]
+                                            for c, _ in calls)), {})
         sources[layout.wrapper] = f'def {layout.wrapper}({d}):\n    """{doc[0].upper() + doc[1:]}."""\n' + \
             _chain_body(d, calls)
     doc = f"Take {arg}, {_describe(program, notes)}, and return the result."
     sources[entry] = f'def {entry}({arg}):\n    """{doc}"""\n' + _chain_body(arg, layout.calls[entry])
-    facts = []
-    for (i, (label, s)), (key, cs) in zip(notes.items(), [program.steps[i] for i in notes]):
-        const = r.choice(ADJECTIVES) + "_" + r.choice(NOUNS)
-        facts.append({"file": s, "name": const, "value": cs[0], "label": label})
+    facts = [{"file": s, "name": r.choice(ADJECTIVES) + "_" + r.choice(NOUNS), "value": program.steps[i][1][0],
+              "label": label} for i, (label, s) in notes.items()]
     if len({f["value"] for f in facts}) < len(facts):
         return None
     settings_files = {f["file"]: (_settings_file(r, f["name"], f["value"]) if kind == "long" else
                                   f'"""Settings of the project."""\n{f["name"]} = {f["value"]!r}\n') for f in facts}
     reference = _render(layout, sources, settings_files)
-    if [same(o, w) for o, w in zip(outputs_of(reference, entry_mod[:-3], entry, [a for a, _ in hidden]),
-                                   [o for _, o in hidden])] != [True] * len(hidden):
+    if not all(same(g, o) for g, o in zip(outputs_of(reference, entry_mod[:-3], entry, inputs), outs)):
         return None                            # our rendering must compute the world's program exactly
     # the fault
     broken, targets, mutations = dict(sources), [], []
-    chain = [c for c, _ in layout.calls[entry]] + (list(c for c, _ in layout.calls[layout.wrapper])
-                                                 if layout.wrapper else [])
-    chain_prims = [c for c in chain if c in layout.prims]
+    chain_prims = [c for f in layout.calls for c, _ in layout.calls[f] if c in layout.prims]
+    # a body caught by the tests (_caught): the reference with these functions replaced
+    caught = lambda new: _caught(visible, hidden, outputs_of(_render(layout, {**sources, **new}, settings_files),
+                                                             entry_mod[:-3], entry, inputs))
     if kind in ("deleted", "config", "long"):
         gone = [helper_name(program.steps[i][0]) for i in notes] if notes else [r.choice(chain_prims)]
         for h in gone:
-            head = sources[h].partition('"""\n')[0] + '"""\n'
-            broken[h] = head + "    raise NotImplementedError\n"
+            broken[h] = _stub(sources[h], "raise NotImplementedError")
             targets.append((home[h], h))
-            data = DATA_NAMES[world.PRIMS[layout.prims[h]].src]      # a body that gives its input back
-            idle = _render(layout, {**sources, h: head + f"    return {data}\n"}, settings_files)
-            got = outputs_of(idle, entry_mod[:-3], entry, [a for a, _ in hidden])
-            if all(same(g, o) for g, (_, o) in zip(got, hidden)):
-                return None                    # doing nothing would pass: the step is idle on these inputs
     else:
         n = 2 if kind == "two_bugs" else 1
         for mutation, f, new in _mutants(r, layout, sources, home):
-            path = home.get(f, entry_mod)
-            if any(p == path for p, _ in targets) or (targets and n == 1):
+            path = home.get(f, entry_mod)         # each fault alone changes a visible output and an unseen one
+            if any(p == path for p, _ in targets) or (targets and n == 1) or not caught({f: new}):
                 continue
-            one = _render(layout, {**sources, f: new}, settings_files)
-            got = outputs_of(one, entry_mod[:-3], entry, [a for a, _ in hidden])
-            if all(same(g, o) for g, (_, o) in zip(got, hidden)):
-                continue                       # the mutant computes the same function here: no fault
             broken[f], targets, mutations = new, targets + [(path, f)], mutations + [mutation]
             if len(targets) == n:
                 break
         if len(targets) < n:
             return None
+    # a function to fix giving its input back (a deleted step left idle, a fault bypassed) must be caught
+    if not all(caught({f: _stub(sources[f], "return " + re.match(r"def \w+\((\w+)", sources[f])[1])})
+               for _, f in targets):
+        return None
     files = _render(layout, broken, settings_files)
-    got = outputs_of(files, entry_mod[:-3], entry, [a for a, _ in visible])
-    failing = [(a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)]
-    if not failing:
+    got = outputs_of(files, entry_mod[:-3], entry, inputs)
+    if not _caught(visible, hidden, got):
         return None
     test_file = "test_" + entry_mod
     files[test_file] = _test_file(entry_mod[:-3], entry, visible)
-    args, g, want = failing[0]
-    issue = _symptom(entry, args, g, want)
+    issue = _symptom(entry, *next((a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)))
     fixed = {p: reference[p] for p, _ in targets}
-    task = RepoTask(task_id, files, issue, entry_mod[:-3], entry, [a for a, _ in hidden], [o for _, o in hidden],
+    task = RepoTask(task_id, files, issue, entry_mod[:-3], entry, inputs, outs,
                     test_file, kind, targets, fixed, _roles(files, entry_mod, targets, settings_files, test_file),
                     mutations, "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
                     facts=facts)
@@ -457,19 +467,20 @@ def _build(r, task_id, split, program, spec, kind):
     return task
 
 
+def _settings_numbers(r, program, steps, slice_):
+    """The program with a number of SETTING_VALUES at each of these steps, drawn until it keeps its
+    slice (a near test program's constants are never a train program's; each draw keeps it at odds 1 in 5
+    or better) and its owner (world.owned_by_compose)."""
+    while True:
+        new = world.Program(tuple((k, (r.choice(SETTING_VALUES),) if i in steps else cs)
+                                  for i, (k, cs) in enumerate(program.steps)))
+        if not steps or world.slice_of(new) == slice_ and not world.owned_by_compose(new):
+            return new
+
+
 def _roles(files, entry_mod, targets, settings, test_file):
-    out = {}
-    for p in files:
-        out[p] = ("test" if p == test_file else "settings" if p in settings else
-                  "target" if any(p == t for t, _ in targets) else "entry" if p == entry_mod else "helper")
-    return out
-
-
-def _int_slot(key):
-    consts = world.PRIMS[key].consts
-    if len(consts) == 1 and consts[0][0] == "c" and all(type(c) is int for c in consts[0][1]):
-        return consts[0][1]
-    return None
+    return {p: "test" if p == test_file else "settings" if p in settings else
+            "target" if any(p == t for t, _ in targets) else "entry" if p == entry_mod else "helper" for p in files}
 
 
 def _typed_example(r, key, program, step, pool):
@@ -479,14 +490,6 @@ def _typed_example(r, key, program, step, pool):
         return world.run(world.Program(program.steps[:step]), x)[-1] if step else x
     samples = world.sample_inputs(r, world.PRIMS[key].src, 3)
     return samples[0] if samples else None
-
-
-def _safe(fn, x, cs):
-    import copy
-    try:
-        return fn(copy.deepcopy(x), *cs)
-    except Exception as e:                      # noqa: BLE001
-        return e
 
 
 SETTING_WORDS = ["report", "ledger", "export", "archive", "summary", "audit", "batch", "queue", "cache",
@@ -541,20 +544,16 @@ def canary_repo_tasks(n=4):
     while len(out) < n:
         task = make_repo_task("test", "canary", index, "bug")
         index += 1
-        vis = [args[0] for args, _ in visible_cases(task)]
-        got = outputs_of(task.files, task.module, task.entry_point, [[v] for v in vis])
-        if any(isinstance(g, Exception) for g in got):
-            continue
-        wrong = {repr(v): g for v, g in zip(vis, got)}
-        outputs = [wrong.get(repr(a[0]), o) for a, o in zip(task.inputs, task.outputs)]
-        out.append(dataclasses.replace(task, task_id=f"repo/canary/{len(out)}/bug", outputs=outputs, canary=True,
-                                       slice="canary"))
+        k = len(visible_cases(task))            # the hidden cases start with the visible ones
+        got = outputs_of(task.files, task.module, task.entry_point, task.inputs[:k])
+        if not any(isinstance(g, Exception) for g in got):
+            out.append(dataclasses.replace(task, task_id=f"repo/canary/{len(out)}/bug", canary=True, slice="canary",
+                                           outputs=got + task.outputs[k:]))
     return out
 
 
 def visible_cases(task):
     """The visible tests as (args, expected) pairs, read back from the test file this module wrote."""
-    import ast
     calls = re.findall(rf"^    got = {task.entry_point}\((.*)\)$", task.files[task.test_file], re.M)
     wants = re.findall(r"^    assert got == (.*), f", task.files[task.test_file], re.M)
     return [([ast.literal_eval(c)], ast.literal_eval(w)) for c, w in zip(calls, wants)]
