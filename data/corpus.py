@@ -34,7 +34,7 @@ from model import autocast
 import tokenizer
 from tokenizer import Tokenizer, train_tokenizer
 
-BUILT_IN = ("stdlib", "tasks", "agent")
+BUILT_IN = ("stdlib", "tasks", "agent", "agent_oracle")
 
 
 def parse_sources(specs, mix_spec):
@@ -222,6 +222,8 @@ def split_sources(args, mix, user_data, heldout, generated=None):
             val.append(train.pop(min(range(len(train)), key=lambda i: train[i][0])))
         splits[name] = (train, val)
         info[name] = {"docs": len(train) + len(val), "val_docs": len(val), "skipped": dict(skipped)}
+        if acts := [d.actions for _, d in train + val if hasattr(d, "actions")]:   # agent transcripts
+            info[name]["unpredictable_actions"] = sum(b for _, b in acts) / max(1, sum(n for n, _ in acts))
     return splits, info
 
 
@@ -415,7 +417,7 @@ def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):
     gen_s, task_bytes = (clock() - t) / n_tasks, sum(map(len, task_texts)) / n_tasks
     samples, sizes = {}, {}
     for name in mix:
-        if name == "agent":
+        if name.startswith("agent"):
             samples[name], sizes[name] = [], 0
             continue
         if name == "tasks":

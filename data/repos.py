@@ -764,10 +764,13 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
     return True
 
 
-def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
-    """One or more Transcripts per task: the oracle policy's episode through env.Tools itself, every
-    episode of the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in
-    one batch. A share (ORACLE_FRAC) starts from every file inlined (eval.py's oracle baseline's format).
+def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",), teacher="search"):
+    """One or more Transcripts per task: a teacher's episode through env.Tools itself, every episode of
+    the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in one batch.
+    teacher: "search" (data/search.py: a policy on the issue and the observations alone, its recoveries
+    included) for short tasks, the oracle for long ones (issue 63); "oracle" for every task, a share
+    (ORACLE_FRAC) from every file inlined (eval.py's oracle baseline's format). Each Transcript's
+    `actions` counts its actions and those naming what its context does not hold (search.unpredictable).
     A long task's episode runs in the harness of one of `memories`, drawn per task (env.long_tools;
     None: the whole context),
     which says where the context passes its threshold: tok counts it as an episode's would, in a model
@@ -777,17 +780,20 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
     the next starts from the context the harness rebuilt. An observation the harness drops for want
     of room is dropped here too, and the action is taken again after the summary."""
     import env    # the harness (env.py imports nothing of data/)
+    from data import search
     eps = []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
-        inline = r.random() < ORACLE_FRAC and t.kind != "long"
+        inline = r.random() < ORACLE_FRAC and t.kind != "long" and teacher == "oracle"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
         e = env.Episode(0)
         tools.start(t, e)
         mem = {"seen": {}, "known": set(), "places": {}}
-        ep = {"task": t, "tools": tools, "e": e, "policy": oracle(t, r, tools.max_actions, inline, mem), "read": [],
+        policy = search.search(tools.prompt(t), tools.max_actions) if teacher == "search" and t.kind != "long" \
+            else oracle(t, r, tools.max_actions, inline, mem)
+        ep = {"task": t, "tools": tools, "e": e, "policy": policy, "read": [],
               "docs": [], "segs": [(tools.prompt(t), True, False)], "fresh": [(tools.prompt(t), True, False)],
               "obs": None, "turns": [], "mem": mem}
         if t.kind == "long":
@@ -825,15 +831,15 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         for segs in ep["docs"] + [ep["segs"]]:
             segs = [s for s in segs if s[0]]
             doc = Transcript("".join(text for text, _, _ in segs))
-            doc.segments = segs
+            doc.segments, doc.actions = segs, search.unpredictable(segs)
             out.append(doc)
     return out
 
 
-def agent_source(args, tok, chunk=256):
-    """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties):
-    the oracle's episodes of train repository tasks, LONG_SHARE of them long (in BOOT_MEMORIES), a chunk
-    at a time (the --source-mb cap stops it)."""
+def agent_source(args, tok, teacher="search", chunk=256):
+    """The pretraining "agent" source ("agent_oracle": teacher="oracle"; train_pretrain.py's --agent-n,
+    --seed, --task-difficulties): a teacher's episodes of train repository tasks (transcripts), LONG_SHARE
+    of them long (in BOOT_MEMORIES), a chunk at a time (the --source-mb cap stops it)."""
     from data.tasks import parse_difficulties
     from sandbox import SandboxPool
     levels = parse_difficulties(args.task_difficulties)
@@ -841,7 +847,7 @@ def agent_source(args, tok, chunk=256):
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
-            yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES)
+            yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES, teacher)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -207,3 +207,22 @@ def episodes(tasks, tools, pool, policy=search):
                 for t, e, p, obs, run, name in step]
     tools.finish(pool, list(zip(tasks, eps)))
     return eps
+
+
+def unpredictable(segments):
+    """(actions with a payload, those naming what their context does not hold) in a transcript's segments (repos
+    Transcript: text, fed?, special?): the context of an action is every segment before it (the issue or a
+    fresh context, the observations, the model's own earlier actions). An action names a path (x.py), a
+    function (a name called or defined) and integers; each must stand in that context. A teacher whose
+    actions all pass sees only what its student sees (the oracle across a summary did not)."""
+    n = bad = 0
+    for i, (text, fed, special) in enumerate(segments):
+        if special or fed or i == 0 or not segments[i - 1][2] or segments[i - 1][0] == "<|summary|>":
+            continue
+        n += 1
+        context = "".join(s for s, _, _ in segments[:i])
+        # a path by its module's name (`from lists import *` names lists.py); one-digit numbers are free
+        names = re.findall(r"([\w/]+)\.py|(?<![\w.])(\w+)\(|(?<![\w.])(\d\d+)(?![\w.])", text)
+        bad += any(not re.search(rf"(?<!\w){re.escape(w.replace('/', '.'))}(?!\w)", context)
+                   for w in filter(None, sum(names, ())) if w not in dir(builtins))
+    return n, bad

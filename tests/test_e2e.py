@@ -65,6 +65,9 @@ def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     figs = json.loads((out / "eval.json").read_text())["checkpoints"]
     assert set(figs) == {"boot", "rl"}
+    boot = json.loads((out / "boot.json").read_text())     # the teacher's actions on what it was shown
+    assert 0.0 <= boot["unpredictable_actions"] == boot["data"]["agent"]["unpredictable_actions"] < 0.5
+    assert "search/pass@1" in figs["boot"]
     for f in figs.values():
         for key in ("agent/pass@1", "oracle/pass@1", "no_run/pass@1", "summary/pass@1", "mask/pass@1",
                     "window/pass@1", "oracle_summary/pass@1", "summary/slice=novel/pass@1", "summary/per_episode",

@@ -3,7 +3,7 @@ that it decides from the issue and the observations alone, and that it is determ
 python -m pytest tests/test_search.py -q"""
 import env
 from data import search
-from data.repos import KINDS, generate_repo_tasks
+from data.repos import KINDS, generate_agent_tasks, generate_repo_tasks, transcripts
 
 # two tasks of each kind, held-out seed 11 at the eval preset's levels (eval.py --agent: cpu)
 TASKS = generate_repo_tasks("test", 8, seed=11, difficulties=[1, 2])
@@ -73,3 +73,34 @@ def test_search_decides_from_the_issue_and_observations_only(pool):
         assert [(a.name, a.path, a.function) for a in e.actions] == [(a.name, a.path, a.function)
                                                                      for a in d.actions]
         assert pool.run_batch([env.hidden_run(t, e.repo)])[0].passed, t.task_id
+
+
+def test_unpredictable_counts_what_an_action_names_that_its_context_does_not_hold():
+    """Worked segments: a read of a module the context names (`from lists import *`) and an edit whose
+    numbers and calls stand in the context are predictable; a read of a file never named, an edit calling a
+    helper never shown, and a two-digit number never shown are not. The summary the model writes is no
+    action; one-digit numbers and builtins are free."""
+    act = lambda name, payload: env.action_segments(name, payload)
+    obs = env.observation_segments
+    segs = ([("# Issue\n`f([3])` returns 4, expected 19.\n", True, False)] + act("read", "app.py") +
+            obs("from lists import *\ndef f(v):\n    '''Add 16.'''\n    return g(v, 16)") +
+            act("read", "lists.py") + obs("def g(v, k): ...") + act("read", "settings.py") + obs("error") +
+            act("edit", "lists.py\ndef g(v, k):\n    return [x + k + 1 for x in sorted(v)]") + obs("ok") +
+            act("edit", "app.py\ndef f(v):\n    return h(v, 16)") + obs("ok") +
+            act("edit", "app.py\ndef f(v):\n    return g(v, 17)") + obs("ok") +
+            [("<|summary|>", False, True), ("fix q in nowhere.py", False, False), ("<|end|>", False, True)] +
+            act("test", "") + obs("1 passed, 0 failed") + act("submit", ""))
+    # app.py is named nowhere before its read either: the issue names f, not its file. A Transcript drops
+    # the empty payloads of test and submit, so six actions are counted.
+    assert search.unpredictable([s for s in segs if s[0]]) == (6, 4)
+
+
+def test_the_search_teachers_transcripts_name_only_what_their_context_holds(pool):
+    """The bootstrap's short transcripts from the search teacher (data/repos.py transcripts, teacher
+    "search"): no action names a path, function or number its context does not hold; the oracle's do (it
+    reads the test file by a name it was never shown, and calls the helper the reference calls)."""
+    tasks = generate_agent_tasks("train", 40, seed=0, difficulties=[1, 2])
+    taught = transcripts(tasks, pool, seed=0, teacher="search")
+    assert len(taught) == 40 and all(d.actions[1] == 0 for d in taught)
+    assert sum(d.actions[0] for d in taught) > 3 * 40      # reads, greps, runs, edits (a payload each)
+    assert sum(d.actions[1] for d in transcripts(tasks, pool, seed=0, teacher="oracle")) > 0
