@@ -238,19 +238,6 @@ def eot_at_lengths(model, eot, lengths):
     return [model.wte.register_forward_pre_hook(on_input), model.lm_head.register_forward_hook(on_logits)]
 
 
-def decode_step_ms(model, prompt, rows, generator, n_new=24):
-    """One step of sampling.retiring's decode loop at a fixed batch of `rows` copies of `prompt` (no
-    end-of-text, so no row retires): ms, on one thread (on CUDA: under autocast), the prefill subtracted."""
-    import sampling
-    device = next(model.parameters()).device
-    with on_device(device, 1):
-        _, t_all = timed(lambda: sampling.retiring(model, [prompt] * rows, n_new, temperature=1.0, generator=generator),
-                         device)
-        _, t_pre = timed(lambda: sampling.retiring(model, [prompt] * rows, 1, temperature=1.0, generator=generator),
-                         device)   # the prefill alone
-    return 1e3 * (t_all - t_pre) / (n_new - 1)
-
-
 def bench_generation(quick, device=CPU):
     """Rollouts against the hardware (issue 14): side by side in one run, on the `cpu` pretraining
     preset's model (random weights: a fresh checkpoint after one step at lr 0, with its tokenizer):
@@ -482,8 +469,8 @@ def bench_step(quick, device=CPU):
     KVCache, a left-padding mask as RL's batches have, one thread), interleaved in this process: the
     reference's (model.trunk, then the LM head; sampling.FUSED off, as before issue 61) against
     sampling.fused_step, and the fused step with no dense experts (DENSE_ROWS 0: that part's share),
-    at 1, 4, 16 and 64 rows; then sampling.retiring's whole step (decode_step_ms: it also samples and
-    keeps the books) both ways at 4 and 64 rows. The largest logit difference is the last line."""
+    at 1, 4, 16 and 64 rows, each the best of many calls (its sampling and the loop's books are not
+    in it). The largest logit difference is the last line."""
     import sampling
     import model as model_mod
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
@@ -515,13 +502,6 @@ def bench_step(quick, device=CPU):
                 print(f"  {rows:2d} rows: trunk + LM head {out[f'step_ms_reference_{rows}rows']:.2f} ms, fused "
                       f"{out[f'step_ms_fused_{rows}rows']:.2f} ms (without the dense experts "
                       f"{out[f'step_ms_fused_sparse_{rows}rows']:.2f})", flush=True)
-            for rows in (4, 64):
-                for arm in ("reference", "fused") * 3:
-                    sampling.FUSED, sampling.DENSE_ROWS = arm == "fused", before[1]
-                    ms = decode_step_ms(model, list(range(1, P + 1)), rows, g)
-                    out[f"generate_step_ms_{arm}_{rows}rows"] = min(ms, out.get(f"generate_step_ms_{arm}_{rows}rows", ms))
-                print(f"  {rows:2d} rows: sampling.retiring's whole step {out[f'generate_step_ms_reference_{rows}rows']:.2f} "
-                      f"ms -> {out[f'generate_step_ms_fused_{rows}rows']:.2f} ms", flush=True)
     finally:
         sampling.FUSED, sampling.DENSE_ROWS = before
     print(f"  largest logit difference fused vs reference: {worst:.1e}", flush=True)
