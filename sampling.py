@@ -761,14 +761,14 @@ def decoder(model):
 
 @torch.no_grad()
 def fused_step(model):
-    """model.trunk and the LM head for one token a row, in fewer and larger ops (at the few dozen rows
-    RL decodes, a step's few hundred small ops cost much of its time): q's and k's norms and RoPE as
-    one op each; residual adds inside their matmuls (addmm); a KV head's query heads as the query
-    rows of one attention call (its keys read once, not per head); and at up to DENSE_ROWS rows all experts, the shared ones too, as
-    one matmul each way weighed by the gates (zero off the top-k) instead of a sort, a gather and a
-    matmul per expert. The side-by-side weights are copies made here, once per generate call, never
-    a checkpoint's layout. The reference's results to float rounding (sums in another order): the
-    same tokens and routes, log-probs within 1e-5 (tests/test_generate.py)."""
+    """model.trunk and the LM head for one token a row, in fewer and larger ops (a step of a few rows
+    costs its few hundred ops' dispatch more than their arithmetic): q's and k's norms and RoPE as one
+    op each; residual adds inside their matmuls (addmm); a KV head's query heads as the query rows of
+    one attention call; and at up to DENSE_ROWS rows all experts, the shared ones too, as one matmul
+    each way weighed by the gates (zero off the top-k) instead of a sort, a gather and a matmul per
+    expert. The side-by-side weights are copies made here, once per generate call, never a
+    checkpoint's layout. The reference's results to float rounding (sums in another order): the
+    same tokens and routes, log-probs within 1e-5 (tests/test_generate.py; docs/benchmarks.md)."""
     cfg = model.config
     H, Hk, D, Hx = cfg.n_head, cfg.n_kv_head, cfg.head_width, cfg.expert_hidden
     prep = []
