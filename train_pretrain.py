@@ -446,7 +446,8 @@ def sample_text(step):
 # process's threads (the fastest of 20, so a neighbour's load does not lower it); a GPU missing from
 # the table is measured the same way, with a 4096^3 bf16 matmul.
 cuda = device.type == "cuda"
-peak = plan.peak_flops(device) if cuda and plan.device_spec(torch.cuda.get_device_name(device)) else None
+spec = plan.device_spec(torch.cuda.get_device_name(device)) if cuda else None
+peak = spec[1] if spec else None
 if peak is None:
     size, dtype = (4096, torch.bfloat16) if cuda else (1024, torch.float32)
     x, best = torch.randn(size, size, dtype=dtype).to(device), float("inf")

@@ -33,21 +33,6 @@ def device_spec(name):
     return key, *DEVICES[key]
 
 
-def peak_flops(device, override=0.0):
-    """Peak FLOP/s of one process's device for MFU: --peak-flops if given; on CUDA the table's
-    figure for this device (a one-line error names the flag when it is not in the table); on CPU
-    None (the caller measures what a matmul reaches)."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    spec = device_spec(name)
-    if spec is None:
-        die(f"no bf16 peak known for {name!r}: give --peak-flops (its dense bf16 FLOP/s) for MFU")
-    return spec[1]
-
-
 def fit_micro_batch(batch_tokens, seq_len, world, micro_batch, typed):
     """(micro_batch, grad_accum) with micro_batch * seq_len * world * grad_accum = batch_tokens. The
     global batch is the run's definition and stays; a preset's micro-batch (a memory knob) shrinks to

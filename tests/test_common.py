@@ -100,7 +100,6 @@ def test_device_table_takes_the_longest_name():
     assert plan.device_spec("NVIDIA GH200 480GB")[0] == "GH200"
     assert plan.device_spec("NVIDIA L40S")[0] == "L40S" and plan.device_spec("NVIDIA L4")[0] == "L4"
     assert plan.device_spec("Tesla T4") is None
-    assert plan.peak_flops(torch.device("cpu")) is None and plan.peak_flops(torch.device("cpu"), 5.0) == 5.0
 
 
 def test_ddp_on_gpus_is_one_group_with_gloo_for_cpu_tensors(monkeypatch):
