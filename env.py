@@ -1050,14 +1050,6 @@ def resubmits(attempt, previous):
     return attempt.completion.rstrip() == previous.completion.rstrip()
 
 
-def context_ids(episode):
-    """Every token of an episode in order, as the model saw and wrote them (its last token included)."""
-    ids = []
-    for t in episode.turns:
-        ids += t.prompt_ids + t.tokens[:-1]
-    return ids + episode.turns[-1].tokens[-1:]
-
-
 HACK_PATTERNS = {  # suspicious constructs, counted in RL logs (the sandbox scores them 0 anyway)
     "exit": r"\bsys\s*\.\s*exit\b|\bos\s*\.\s*_exit\b|(?<![\w.])(exit|quit)\s*\(",
     "atexit": r"\batexit\b", "excepthook": r"excepthook",

@@ -17,6 +17,7 @@ import env  # noqa: E402
 from sandbox import Result  # noqa: E402
 import sampling  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from rl.algo import flatten  # noqa: E402
 from data.tasks import Task, generate_tasks, load_humaneval  # noqa: E402
 from tokenizer import train_tokenizer  # noqa: E402
 
@@ -112,7 +113,8 @@ def test_episodes_feed_exactly_the_rendered_context(tiny, pool):
     assert max(len(e.turns) for e in eps) == 3                         # a random model fails and retries
     for e in eps:
         t = ts[e.task_idx]
-        text = tok.decode([i for i in env.context_ids(e) if i < tok.eot_id])
+        ids = flatten(e)[0] + e.turns[-1].tokens[-1:]                  # every token, the last included
+        text = tok.decode([i for i in ids if i < tok.eot_id])
         assert text == env.render_episode(t, [(x.text, x.feedback) for x in e.turns])
         assert len(e.results) == len(e.turns) and e.result is e.results[-1]
         assert all(x.feedback for x in e.turns[:-1]) and not e.turns[-1].feedback

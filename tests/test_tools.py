@@ -277,7 +277,7 @@ def test_tool_episodes_are_one_token_stream_of_sampled_and_fed_tokens(tok, pool)
         assert lps == [x for s in e.turns for x in s.logprobs]
         assert [ids[c + 1] for c in cols[:-1]] == tokens[:-1]            # each column predicts the next sampled id
         assert sum(s.routes.size(1) for s in e.turns) == len(ids)  # router replay covers every turn
-        text = tok.decode(env.context_ids(e))
+        text = tok.decode(ids + e.turns[-1].tokens[-1:])                 # every token, the last included
         want = tools.prompt(t) + "".join(tok.decode(s.tokens) + (f"<|obs|>{s.feedback}<|/obs|>"
                                                                    if s.feedback else "") for s in e.turns)
         assert text == want
