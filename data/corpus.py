@@ -7,7 +7,7 @@ pretraining's validation and eval.py both report.
     prep = corpus.prepare(args, mix, user_data, tok=None, cache_dir="runs/x/cache")   # rank 0
     arrays = corpus.open_caches(prep)           # {"stdlib/train": memmap, "stdlib/val": ..., ...}
     x, y = corpus.inputs_targets(windows, vocab_size)
-    bpb = corpus.bits_per_byte(model, tok, corpus.heldout_code_texts()["stdlib"])
+    bpb = corpus.to_bits_per_byte(*corpus.nats_and_bytes(model, tok, corpus.heldout_code_texts()))
 
 Each source is a lazy stream of documents, ordered and split by hashes of their path / content, so
 the corpus, its split and the caches are deterministic and need no stored file lists. `args` is
@@ -297,7 +297,7 @@ def nats_and_bytes_of(nll, targets, nbytes):
 
 
 def to_bits_per_byte(nats, n_bytes):
-    """The arithmetic: nats over n_bytes -> bits per byte (bits_per_byte below scores a model)."""
+    """The arithmetic: nats over n_bytes -> bits per byte (nats_and_bytes below scores a model)."""
     return nats / (math.log(2) * n_bytes)
 
 
@@ -347,15 +347,6 @@ def nats_and_bytes(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     return nats, n_bytes
 
 
-def bits_per_byte(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
-    """Cross-entropy in bits per UTF-8 byte: nats / (ln 2 * bytes). Per byte, not per token, so
-    checkpoints with different tokenizers compare (see nats_and_bytes for what is scored)."""
-    nats, n_bytes = nats_and_bytes(model, tok, texts_or_tokens, max_tokens, batch_size)
-    if n_bytes == 0:
-        raise ValueError("bits_per_byte: no bytes to score")
-    return to_bits_per_byte(nats, n_bytes)
-
-
 @torch.no_grad()
 def mtp_agreement(model, tok, texts_or_tokens, max_tokens=None, batch_size=8):
     """Each MTP level's top-1 agreement with the main head (model.py: MTP, train_mtp.py) over held-out
@@ -388,12 +379,8 @@ def heldout_code_texts(val_frac=0.02):
     """Held-out code for bits-per-byte that pretraining never trains on: the stdlib files
     train_pretrain.py holds out for validation (the same reader, stdlib_docs, and is_validation with
     its default --val-frac 0.02), in hash order. (eval.py adds solved test-split tasks.)"""
-    stdlib = []
-    for text in stdlib_docs(Counter()):
-        h = doc_hash(text)
-        if is_validation(h, val_frac):
-            stdlib.append((h, text))
-    return [t for _, t in sorted(stdlib)]
+    hashed = sorted((doc_hash(text), text) for text in stdlib_docs(Counter()))
+    return [text for h, text in hashed if is_validation(h, val_frac)]
 
 
 def prep_minutes(args, mix, user_data, tok=None, n_tasks=200, sample_mb=0.5):

@@ -212,6 +212,10 @@ def tiny(tmp_path_factory):
     return SimpleNamespace(tok=tok, paths=paths, models=models)
 
 
+def bits_per_byte(model, tok, texts, **kw):
+    return corpus.to_bits_per_byte(*corpus.nats_and_bytes(model, tok, texts, **kw))
+
+
 def test_bits_per_byte_of_uniform_model_is_log2_vocab_per_byte(tiny):
     V, tok = 1000, tiny.tok
 
@@ -227,17 +231,17 @@ def test_bits_per_byte_of_uniform_model_is_log2_vocab_per_byte(tiny):
     texts = ["def f(x):\n    return x + 1\n", "# café ☕ naïve\nprint('ok')\n" * 5, "x = [1, 2, 3]\n" * 9]
     n_tokens = sum(len(tok.encode(t)) for t in texts)
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    bpb = corpus.bits_per_byte(Uniform(), tok, texts, batch_size=3)
+    bpb = bits_per_byte(Uniform(), tok, texts, batch_size=3)
     assert bpb == pytest.approx(math.log2(V) * n_tokens / n_bytes, rel=1e-6)
     # token-id input gives the same figure
-    assert corpus.bits_per_byte(Uniform(), tok, [tok.encode(t) for t in texts]) == pytest.approx(bpb)
+    assert bits_per_byte(Uniform(), tok, [tok.encode(t) for t in texts]) == pytest.approx(bpb)
 
 
 def test_bits_per_byte_real_model_is_finite(tiny):
     held = {"stdlib": corpus.heldout_code_texts(), "tasks": [env.corpus_text(t) for t in generate_tasks("test", 5, seed=0)]}
     assert held["stdlib"] and all(isinstance(t, str) and t for t in held["stdlib"])
     for texts in held.values():
-        bpb = corpus.bits_per_byte(tiny.models[0], tiny.tok, texts, max_tokens=300)
+        bpb = bits_per_byte(tiny.models[0], tiny.tok, texts, max_tokens=300)
         assert math.isfinite(bpb) and bpb > 0
 
 
