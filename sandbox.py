@@ -15,10 +15,8 @@ the children are forked from a process image of this file, and they must not hol
 (it could regenerate reference answers) nor anything of the trainer.
 
 The worker's side. SandboxPool starts one worker per core as `python -I -S sandbox.py <config JSON>`
-(this file) and
-speaks JSON lines with it: the worker answers {"hello": <isolation that works here>} once, then one
-reply per job read from stdin. The parent (SandboxPool) judges I/O replies; assert tests are judged by
-a separate trusted process (below). One worker is three kinds of process:
+(this file) and speaks JSON lines with it: the worker answers {"hello": <isolation that works here>}
+once, then one reply per job read from stdin. One worker is three kinds of process:
 
     SandboxPool --JSON lines--> supervisor (root, namespaces, mounts; reads job data and replies)
                              |  unix socket: a role, a directory, a uid and pipe fds; never job data
@@ -90,16 +88,13 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE, MNT_DETACH = 2, 4, 8, 0x4000, 0x40000, 2
 IPC_LIMITS = {"/proc/sys/kernel/shmmni": "0", "/proc/sys/kernel/msgmni": "0",
-              "/proc/sys/kernel/sem": "0 0 0 0",
-              "/proc/sys/fs/mqueue/queues_max": "0"}
+              "/proc/sys/kernel/sem": "0 0 0 0", "/proc/sys/fs/mqueue/queues_max": "0"}
 # The seccomp filter's refused system calls, by machine: (AUDIT_ARCH_*, {name: number}) from the
 # kernel's uapi headers (x86_64: arch/x86/entry/syscalls/syscall_64.tbl; aarch64: asm-generic/unistd.h).
 SECCOMP_CALLS = {"x86_64": (0xC000003E, {"socket": 41, "shmget": 29, "semget": 64, "msgget": 68,
-                                         "mq_open": 240,
-                                         "io_uring_setup": 425}),
+                                         "mq_open": 240, "io_uring_setup": 425}),
                  "aarch64": (0xC00000B7, {"socket": 198, "shmget": 194, "semget": 190, "msgget": 186,
-                                          "mq_open": 180,
-                                          "io_uring_setup": 425})}
+                                          "mq_open": 180, "io_uring_setup": 425})}
 
 # ----------------------------------------------------------------------------- strict data codec
 
@@ -858,28 +853,13 @@ def _kill_uids(uids):
             pass
 
 class SandboxPool:
-    """Warm workers (one per core, the cores shared among local ranks) that run candidates in fresh,
-    limited child processes.
-
-    Per candidate, in a child forked from a pristine zygote (never from a process that held another
-    candidate's program, reply or result): new session; RLIMIT_CPU/AS/FSIZE/NOFILE/CORE;
-    RLIMIT_NPROC=1 under a per-worker unprivileged uid (no fork, no threads, so nothing can outlive
-    the child); chroot into a fresh tmpfs of its own, unmounted as a whole afterwards; stdin
-    /dev/null; stdout+stderr into a pipe capped while reading; scrubbed env; per worker a network
-    namespace (no network), a PID namespace (nothing outlives a killed worker) and an IPC namespace
-    in which no IPC object can be created; and a seccomp filter that refuses socket() and IPC calls
-    (the wall that stays where a container forbids namespaces; as root with neither, the pool refuses
-    to start). The worker enforces the wall-clock timeout, SIGKILLs the process group and reaps it.
-    Without root, only the rlimits, the filter and the process-group kill apply (a warning says so
-    once): run untrusted code as root in a VM/container.
-
-    The judge is never in the candidate's process. I/O tasks (the default for training): the child
-    only sends back return values as exact builtin data; the expected outputs stay in this process,
-    which compares them. Assert tasks (HumanEval): check() runs in a separate judge process (own uid,
-    own empty chroot) and calls the candidate over pipes that carry exact builtin data only; the
-    candidate never sees the test, its constants or the verdict. Anything a candidate can cause is
-    its own outcome; only a failure of the sandbox itself is `sandbox_error`.
-    """
+    """Warm workers (one per core, the cores shared among local ranks: default_workers) that run each
+    candidate in a fresh child of a pristine zygote, behind the walls of the worker's side (the module
+    docstring; docs/sandbox.md), and judge I/O runs here. The worker enforces the wall-clock timeout,
+    SIGKILLs the process group and reaps it. Without root, only the rlimits, the filter and the
+    process-group kill apply (a warning says so once): run untrusted code as root in a VM/container.
+    Anything a candidate can cause is its own outcome; only a failure of the sandbox itself is
+    `sandbox_error`."""
     _fallback = False   # tests only: take the no-root path even as root (never with untrusted code)
     _namespaces = True  # tests only: False acts as a container that forbids namespaces (root, no unshare)
     _seccomp = True     # tests only: False acts as a kernel without seccomp
