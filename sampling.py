@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
-
 import torch.nn.functional as F
 
 from model import autocast
