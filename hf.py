@@ -354,6 +354,16 @@ def load(path, device="cpu"):
     return model, tok, ckpt
 
 
+# What a bad model directory raises while it is read (RuntimeError: a tensor of the wrong shape)
+LOAD_ERRORS = (ValueError, KeyError, OSError, RuntimeError)
+
+
+def one_line(e):
+    """An exception as one line of an error message: its type and the first line of its text."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+
+
 def load_checkpoint(path, device="cpu"):
     """What the scripts load a model with: a Hugging Face model directory (load; device "meta": its config
     alone, for a --dry-run's plan), else this project's checkpoint (common.load_checkpoint). Any problem
@@ -362,8 +372,8 @@ def load_checkpoint(path, device="cpu"):
         return common.load_checkpoint(path, device)
     try:
         return load(path, device)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:   # RuntimeError: a shape mismatch
-        die(f"cannot load model directory {path!r}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    except LOAD_ERRORS as e:
+        die(f"cannot load model directory {path!r}: {one_line(e)}")
 
 
 def export(model, tok, out_dir, dtype=torch.float32):
@@ -441,16 +451,6 @@ def compare(path, seed=0, n_tokens=32, length=16, batch=2):
     return report
 
 
-# What a bad model directory raises while it is read (RuntimeError: a tensor of the wrong shape)
-LOAD_ERRORS = (ValueError, KeyError, OSError, RuntimeError)
-
-
-def one_line(e):
-    """An exception as one line of an error message: its type and the first line of its text."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
-
-
 def main(argv=None):
     ap = ArgumentParser(prog="hf.py", description="Hugging Face model directories: export a checkpoint as "
                         "one, check one against transformers. No --preset: nothing here trains.")
@@ -472,9 +472,8 @@ def main(argv=None):
         if not (args.dir or args.out_dir) or args.dir and args.out_dir and args.dir != args.out_dir:
             die("export: give the directory to write once: CKPT DIR, or --out-dir DIR")
         args.out_dir = args.out_dir or args.dir
-        same = os.path.isdir(args.ckpt) and os.path.isdir(args.out_dir) and \
-            os.path.samefile(args.ckpt, args.out_dir)
-        if same:
+        if os.path.isdir(args.ckpt) and os.path.isdir(args.out_dir) and \
+                os.path.samefile(args.ckpt, args.out_dir):
             die(f"export: --out-dir {args.out_dir!r} is the model directory read: choose another")
         model, tok, _ = load_checkpoint(args.ckpt)
         try:
