@@ -221,9 +221,9 @@ def eot_at_lengths(model, eot, lengths):
     sampling.generate. Returns the hook handles. On CUDA the logits are bf16 (autocast): P(eot)
     is then h_t to bf16's precision of the eot logit, within a few percent."""
     counts = torch.bincount(torch.tensor(lengths)).double()
-    hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).clamp(1e-9, 1 - 1e-9).float()
+    hazard = (counts / counts.flip(0).cumsum(0).flip(0).clamp_min(1)).float().clamp(1e-6, 1 - 1e-6)
     hazard = hazard.to(model.lm_head.weight.device)   # where the logits are: no copy per step
-    hazard[-1] = 1.0 - 1e-9
+    hazard[-1] = 1.0 - 1e-6     # 1 - 1e-9 is 1.0 in fp32: an infinite eot logit, NaN probabilities
     step = threading.local()
 
     def on_input(mod, args):

@@ -79,6 +79,14 @@ def test_eot_hazard_ends_samples_at_the_lengths_given(monkeypatch, fused):
     finally:
         for h in hooks:
             h.remove()
+    hooks = bench.eot_at_lengths(model, eot, [3, 3])     # sampled: P(eot) 1 at the last length, not NaN
+    try:
+        outs = sampling.generate(model, [[1, 2, 3], [4, 5]] * 3, 8, temperature=1.0, stop_ids=[eot],
+                                 generator=torch.Generator().manual_seed(0))
+        assert [len(o["tokens"]) for o in outs] == [3] * 6
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
