@@ -61,29 +61,25 @@ def series(records, key, x="step"):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_pretrain(runs, path):
+def plot_pretrain(runs):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, recs in runs:
         steps = [r for r in recs if "eval" not in r]
         axes[0].plot(*series(steps, "loss", "tokens"), label=label, lw=1)
-        xs, ys = series(steps, "val_bpb", "tokens")
-        axes[1].plot(xs, ys, "o-", label=label, ms=3)
+        axes[1].plot(*series(steps, "val_bpb", "tokens"), "o-", label=label, ms=3)
     for ax, title in zip(axes, ("training loss (nats/token)", "validation bits per byte")):
         ax.set(xlabel="tokens seen", title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def eval_keys(recs):
     """The held-out score keys the RL evals logged, e.g. pass@1, pass@8, pass@1_novel, pass@8_near."""
-    keys = {k for r in recs if "eval" in r for k in r if re.fullmatch(r"pass@\d+(_\w+)?", k)}
-    return sorted(keys)
+    return sorted({k for r in recs if "eval" in r for k in r if re.fullmatch(r"pass@\d+(_\w+)?", k)})
 
 
-def plot_rl(runs, path):
+def plot_rl(runs):
     panels = [("reward", "reward (mean over samples)"), ("pass_rate", "train pass rate"),
               ("entropy", "token entropy (nats)"), ("zero_var_frac", "zero-variance group fraction"),
               ("len_mean", "completion length (tokens)")]
@@ -106,12 +102,10 @@ def plot_rl(runs, path):
         if ax.lines:
             ax.legend(fontsize=7)
     axes[7].axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_rl_time(runs, path):
+def plot_rl_time(runs):
     parts = [("gen_s", "generation"), ("sandbox_s", "sandbox"), ("train_s", "training"), ("eval_s", "held-out evals")]
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(runs), 3.8))
     for i, (label, recs) in enumerate(runs):
@@ -123,9 +117,7 @@ def plot_rl_time(runs, path):
     ax.set_xticks(range(len(runs)), [label for label, _ in runs], fontsize=8)
     ax.set(ylabel="seconds", title="RL wall clock")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None):
@@ -143,9 +135,11 @@ def main(argv=None):
                            ("rl", plot_rl_time, "rl_time.png")):
         chosen = [(label, recs) for k, label, recs in runs if k == kind]
         if chosen:
-            path = os.path.join(args.out_dir, args.prefix + name)
-            fn(chosen, path)
-            figures.append(path)
+            figures.append(os.path.join(args.out_dir, args.prefix + name))
+            fig = fn(chosen)
+            fig.tight_layout()
+            fig.savefig(figures[-1], dpi=110)
+            plt.close(fig)
     print(json.dumps({"figures": figures, "runs": len(runs)}))
 
 
