@@ -102,9 +102,9 @@ a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra sour
   "*.py files) or a .jsonl file (a \"text\" field per line); repeatable; NAME: data, data2, ...; weight it "
   "in --mix")
 a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built in: stdlib (this "
-  "interpreter's Python stdlib), tasks (solved env train-split tasks), agent (a teacher's tool-use transcripts "
-  "of repository tasks, --agent-n; needs --init-from: its tokenizer gets the tool tokens; agent_oracle: the "
-  "oracle's)")
+  "interpreter's Python stdlib), tasks (solved env train-split tasks), agent (a teacher's tool-use "
+  "transcripts of repository tasks, --agent-n; needs --init-from: its tokenizer gets the tool tokens; "
+  "agent_oracle: the oracle's)")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
 a("--task-difficulties", default="", help="difficulty levels of those tasks, as train_rl.py's --difficulties "
   "(e.g. 1-5: every level equally often); empty = the task world's own mix, mostly 3-4 step programs")
@@ -560,6 +560,7 @@ if master:
         "mfu": flops_per_token * tps / peak, "params_total": n_total, "params_active": n_active,
         "ckpt": ckpt_path, "tokenizer": os.path.join(args.out_dir, "tokenizer.json"), "steps": steps_done,
         "tokens": steps_done * tokens_per_step, "wall_s": time.time() - t_start, "out_dir": args.out_dir,
-        "data": prep["info"], "caches": prep["paths"], "unpredictable_actions":   # issue 62: the teacher's
-        max([i["unpredictable_actions"] for i in prep["info"].values() if "unpredictable_actions" in i], default=None)})
+        "data": prep["info"], "caches": prep["paths"],     # the agent's teachers: the worst source's share
+        "unpredictable_actions": max((i.get("unpredictable_actions", -1) for i in prep["info"].values()),
+                                     default=-1) if {"agent", "agent_oracle"} & set(mix) else None})
 common.cleanup_ddp()

@@ -35,8 +35,8 @@ import keyword
 import re
 import types
 
-from data import families
-from data import world
+from data import families, search, world
+from data.search import FLIP, definition     # the faults' operators; a def read from a module's text
 
 DATA_NAMES = {world.INT: "n", world.STR: "text", world.INTS: "values", world.WORDS: "words",
               world.DICT: "table"}
@@ -54,7 +54,6 @@ ADJECTIVES = ["BASE", "UPPER", "LOWER", "DEFAULT", "TARGET", "INITIAL", "EXTRA",
 NOUNS = ["RATE", "BONUS", "LEVEL", "LIMIT", "OFFSET", "FACTOR", "THRESHOLD", "MARGIN", "QUOTA", "WEIGHT"]
 KINDS = ("bug", "two_bugs", "deleted", "config")
 MUTATIONS = ("operator", "constant", "swap_args", "branch", "wrong_helper")
-FLIP = {">": "<", "<": ">", "==": "!=", "+": "-", "-": "+", "*": "+", "//": "%", "%": "//"}
 N_HIDDEN, N_VISIBLE = 12, (2, 3)
 SETTING_VALUES = range(1, 1000)   # a settings number (config, long): too many to try, one at a time
 # the steps whose number a settings module can hold: each number shifts or scales every value, so that
@@ -575,22 +574,6 @@ class Transcript(str):
     segments = ()
 
 
-def definition(text, name, drop_doc=True):
-    """Function `name`'s whole `def` in a module's text, read line by line (an observation may be cut
-    in the middle: no parse), its docstring dropped (what an edit writes); StopIteration if absent."""
-    lines = text.split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
-    end = start + 1
-    while end < len(lines) and (not lines[end] or lines[end][0] in " \t"):
-        end += 1
-    block = lines[start:end]
-    if drop_doc and len(block) > 1 and block[1].strip().startswith('"""'):
-        one = block[1].strip()
-        close = 1 if len(one) > 3 and one.endswith('"""') else \
-            next((k for k in range(2, len(block)) if block[k].strip().endswith('"""')), len(block) - 1)
-        block = block[:1] + block[close + 1:]
-    return "\n".join(block).rstrip("\n") + "\n"
-
 
 def _grep_path(text):
     m = re.match(r"([\w/]+\.py):\d+: ", text)
@@ -780,7 +763,6 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
     the next starts from the context the harness rebuilt. An observation the harness drops for want
     of room is dropped here too, and the action is taken again after the summary."""
     import env    # the harness (env.py imports nothing of data/)
-    from data import search
     eps = []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")

@@ -18,8 +18,8 @@ import re
 
 import env
 from data import world
-from data.repos import FLIP, definition
 
+FLIP = {">": "<", "<": ">", "==": "!=", "+": "-", "-": "+", "*": "+", "//": "%", "%": "//"}   # repos' mutations
 UNFLIP = {}                   # an operator -> the ones a mutation turns into it
 for _a, _b in FLIP.items():
     UNFLIP.setdefault(_b, []).append(_a)
@@ -28,6 +28,23 @@ OP_WORDS = {">": ("greater", "larger", "largest", "longer", "more than"), "<": (
             "+": ("add", "sum", "append", "count", "total"), "-": ("subtract", "difference"),
             "*": ("multiply", "square", "product", "twice"), "//": ("divide",),
             "%": ("remainder", "divisible", "multiple", "even", "odd", "digit")}
+
+
+def definition(text, name, drop_doc=True):
+    """Function `name`'s whole `def` in a module's text, read line by line (an observation may be cut
+    in the middle: no parse), its docstring dropped (what an edit writes); StopIteration if absent."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = start + 1
+    while end < len(lines) and (not lines[end] or lines[end][0] in " \t"):
+        end += 1
+    block = lines[start:end]
+    if drop_doc and len(block) > 1 and block[1].strip().startswith('"""'):
+        one = block[1].strip()
+        close = 1 if len(one) > 3 and one.endswith('"""') else \
+            next((k for k in range(2, len(block)) if block[k].strip().endswith('"""')), len(block) - 1)
+        block = block[:1] + block[close + 1:]
+    return "\n".join(block).rstrip("\n") + "\n"
 
 
 def _parts(src):
