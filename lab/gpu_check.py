@@ -8,6 +8,7 @@ the slow test suite, so it cannot rot.
     python -m lab.gpu_check                  # the last stdout line: one JSON object, every figure
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -359,7 +360,6 @@ def gpu_check_ratios(device):
     """lab/bench.py's model part (bench_model --quick: MoE vs dense training, KV cache vs recompute,
     batched vs one prompt at a time) on the GPU; reduced (smoke sizes, seconds) on CPU. ok: every
     ratio measured, a positive finite number (the goals are for lab/bench.py itself, on full sizes)."""
-    import math
     r = bench_model(True, device, reduced=device.type != "cuda")
     ratios = [r[k] for k in ("moe_vs_dense_train", "kv_cache_speedup", "batched_generation_speedup")]
     return dict(r, ok=all(math.isfinite(v) and v > 0 for v in ratios))
@@ -392,7 +392,6 @@ def gpu_check_rl(probe, argv):
     from its metrics.jsonl: a step with no spread in any group runs no backward at all), the decode vs
     training log-prob mismatch it logs (logp_mismatch, mean per token; the worst step) is finite and
     under LOGP_MISMATCH_MAX, and its peak memory is within the plan of `--dry-run` with the same flags."""
-    import math
     r = probed(probe, argv)
     with open(r["metrics"]) as f:
         rows = [row for row in map(json.loads, f) if "eval" not in row]
@@ -410,7 +409,6 @@ def gpu_check_ddp(out_dir, cuda, pre, rl):
     steps from the pretrain stage's checkpoint that train (gradients all-reduced) and checkpoint
     (every rank's queue gathered), then --resume for a third step with dynamic sampling, checkpointed
     again. Skipped (ddp_ranks 0) where fewer than 2 GPUs are visible."""
-    import math
     if cuda and torch.cuda.device_count() < 2:
         return {"ddp_ranks": 0, "ok": True}
     ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
