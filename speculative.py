@@ -13,18 +13,16 @@ import sampling
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_ids=(),
              generator=None, past=None, return_past=False, stats=None) -> list[dict]:
-    """sampling.reference's samples, several tokens per trunk forward: speculative sampling (Leviathan et al.
-    2023; Chen et al. 2023) with the model's n_mtp MTP modules (DeepSeek-V3) as the drafter. Each
-    step, the MTP levels draft n_mtp tokens (draft), one trunk forward scores the last token and every
-    draft, and accept keeps each draft with probability min(1, p(d) / q(d)), p the model's
-    distribution and q the drafter's, resampling the first rejected one from max(0, p - q): every
-    token has exactly generate's distribution, softmax(logits / T) after top-k / top-p, whatever the
-    drafter proposes; at T = 0, generate's tokens. All rows move by the same count per step (see
-    accept), so the batch keeps generate's left-padded layout and one cache pointer; a rejection is
-    rolled back by setting that pointer after the accepted tokens (the rejected columns are written
-    again by the next step). Same prompts, stop ids, pasts (whose keys/values include the MTP layers'),
-    retiring of finished rows and outputs as generate, without routes. stats: a list that receives
-    this call's counts (see count; lab/bench.py reports them), one append, so threads may share it."""
+    """sampling.reference's samples, several tokens per trunk forward. Each step, the n_mtp MTP levels
+    draft n_mtp tokens (draft), one trunk forward scores the last token and every draft, and accept
+    keeps or replaces the drafts by the rule of speculative sampling: every token has exactly
+    generate's distribution, softmax(logits / T) after top-k / top-p, whatever the drafter proposes;
+    at T = 0, generate's tokens. All rows move by the same count per step (see accept), so the batch
+    keeps generate's left-padded layout and one cache pointer; a rejection is rolled back by setting
+    that pointer after the accepted tokens (the rejected columns are written again by the next step).
+    Same prompts, stop ids, pasts (whose keys/values include the MTP layers'), retiring of finished
+    rows and outputs as generate, without routes. stats: a list that receives this call's counts (see
+    count; lab/bench.py reports them), one append, so threads may share it."""
     prompts = sampling.as_prompt_lists(prompts)
     D = model.config.n_mtp
     if not D:
