@@ -65,8 +65,7 @@ from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 # every preset unless a preset sets its own; a test or tool sets them through main(argv, **settings).
 FIXED = dict(
     warmup_steps=5, ckpt_every=20,              # LR warmup steps; steps between checkpoints (0: end only)
-    sandbox_workers=None, sandbox_timeout=2.0,  # None: this machine's cores / local ranks;
-                                                # seconds per program
+    sandbox_workers=None, sandbox_timeout=2.0,  # None: this machine's cores / local ranks; seconds a run
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
     len_call_tokens=20, len_turn_tokens=10,     # x = tokens + 20 per tool call + 10 per further turn
@@ -76,8 +75,7 @@ FIXED = dict(
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
     eval_n=8, eval_k=8, eval_seed=0, eval_difficulties="",   # held-out samples per task, pass@k, seed 0 to
     # tune on (eval.py reports on another), levels
-    canary_every=10,     # every N steps a canary group is sampled and scored (any pass: a reward
-                         # hack); 0 = off
+    canary_every=10,     # every N steps a canary group is sampled and scored (a pass: a reward hack); 0 = off
     gen_batch=128,       # rows per generate() call (the sandbox scores a batch while the next one is
                          # generated; no overlap when one call holds a round, as in the cpu preset)
     eval_every=100,      # steps between held-out evals (also at start and end; 0 = only those)
@@ -299,8 +297,7 @@ def sample_round(ctx, need, seed, stats):
     # sample: G rollouts per task (ctx.rollout: single_turn, episodes, repair_groups or tool_episodes) and
     # sandbox verdicts; a sandbox_error is the sandbox's failure, not the model's: not scored
     samples, results = ctx.rollout(ctx, tasks, seed, stats)
-    scored = [(s, r) for s, r in zip(samples, results)
-              if r.outcome != "sandbox_error"]
+    scored = [(s, r) for s, r in zip(samples, results) if r.outcome != "sandbox_error"]
     # reward: correctness, minus the length cost and the k1 KL when they are on
     correct, reward = rollouts.rewards(ctx, scored, stats)
     # advantage: reward - group mean (Dr. GRPO), over the groups the rollout function labelled. A group
@@ -442,17 +439,16 @@ def held_out(ctx, tag, at):
     else:
         r = evaluation.evaluate_tasks(ctx.model, ctx.tok, mine, ctx.pool, args.eval_n, ks=(1, args.eval_k),
                                       return_records=True, turns=args.turns, **kw)
+    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]   # not the model's failures
     per_task = {t.task_id: [getattr(t, "slice", ""), 0, 0] for t in mine}
-    for rec in r["records"]:
-        if rec["outcome"] != "sandbox_error":       # the sandbox failed, not the model: not scored
-            per_task[rec["task_id"]][1] += 1
-            per_task[rec["task_id"]][2] += rec["passed"]
+    for rec in scored:
+        per_task[rec["task_id"]][1] += 1
+        per_task[rec["task_id"]][2] += rec["passed"]
     sums = pass_sums(list(per_task.values()), (1, args.eval_k))
     # the same names in the same order on every rank (a rank may have no task of a slice), so the
     # all-reduce adds like to like
     names = [f"pass@{k}{sl}" for k in (1, args.eval_k) for sl in ("", "_near", "_novel")]
     values = [x for n in names for x in sums.get(n, (0.0, 0))]
-    scored = [x for x in r["records"] if x["outcome"] != "sandbox_error"]
     # the self-repair curve: pass@1 after turn t, a mean over scored episodes (as eval.py)
     if args.turns > 1:
         for t in range(1, args.turns + 1):
@@ -493,11 +489,9 @@ def save(ctx):
     very same run."""
     st, args = ctx.state, ctx.args
     mine = (st["stream_pos"], st["queue"])
-    gathered = [None] * ctx.world
+    gathered = [mine] * ctx.world
     if ctx.ddp:
         dist.all_gather_object(gathered, mine)
-    else:
-        gathered = [mine]
     if ctx.master:
         common.save_checkpoint(ctx.ckpt_path, ctx.model, ctx.tok, optimizer=ctx.optimizer.state_dict(),
                                step=st["step"], stream_pos=[pos for pos, _ in gathered],
