@@ -10,16 +10,12 @@ tests/test_rl.py checks each on hand-made numbers. One step of train_rl.py, in t
     tok_loss, clipped = ppo_token_loss(logp, old, adv)              # PPO clip, DAPO's clip-higher
     loss = (token_weights(mask, "constant", max_new_tokens, n_seqs, n_tokens) * tok_loss).sum()
 
-Rewards: length_cost (Composer 2's concave length penalty), kl_k1 (the k1 KL estimator). Advantages:
-group_stats, group_advantages (Dr. GRPO, Liu et al. 2025; std=True is GRPO, Shao et al. 2024;
-signal_from is DAPO's dynamic-sampling filter, Yu et al. 2025). Loss: ppo_token_loss (PPO with
-DAPO's clip-higher), token_weights (constant: Dr. GRPO, token: DAPO, sequence: GRPO). Batches:
-turns_of, n_generated, flatten, collate (a sample or a multi-turn episode -> padded tensors;
-feedback is fed, never a target), pack_groups (collate for single-turn groups, each prompt fed
-once; group_rows, packed_len, block_mask), micro_batches and batch_tensors (a step's groups -> the training
-forwards, packed or not), token_logprobs (the one that runs the model: the policy's log-probs of
-those tokens). Task choice: mixed_group_odds (online difficulty filtering). Held-out
-eval: pass_sums (pass@k as sums that combine across ranks).
+Rewards: length_cost, kl_k1. Advantages: group_stats, group_advantages. Loss: ppo_token_loss,
+token_weights (each docstring cites its source). Batches: Sequence and segments, flatten and collate
+(an episode -> padded tensors; feedback is fed, never a target), pack_groups (each single-turn group's
+prompt fed once), micro_batches and batch_tensors (a step's groups -> the training forwards),
+token_logprobs (the one that runs the model). Task choice: mixed_group_odds (--prefilter). Held-out
+eval: pass_sums and pass_at_k.
 """
 import dataclasses
 import math
