@@ -61,6 +61,7 @@ live under /tmp (CI, containers), and the zygote is exec'd after the mounts.
 import builtins
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -174,12 +175,7 @@ def write_all(fd, data):
         data = data[os.write(fd, data):]
 
 def read_all(fd):
-    chunks = []
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            return b"".join(chunks)
-        chunks.append(data)
+    return b"".join(iter(lambda: os.read(fd, 1 << 16), b""))     # until end of file
 
 def place_fds(fds, stdout):
     """fd 0 /dev/null, 1 and 2 stdout, then fds as 3, 4, ...; everything else closed."""
@@ -662,14 +658,9 @@ def pipe_with(text):
 
 def drain(fd, buf, cap):
     os.set_blocking(fd, False)
-    while True:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        if not data:
-            return
-        buf += data[:max(0, cap - len(buf))]
+    with contextlib.suppress(BlockingIOError):              # until nothing is left, or end of file
+        for data in iter(lambda: os.read(fd, 65536), b""):
+            buf += data[:max(0, cap - len(buf))]
 
 def kill_group(pid):
     for kill in (os.killpg, os.kill):
