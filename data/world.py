@@ -411,8 +411,7 @@ def sample_split_program(r, slice_, difficulties=None, pools=None, tries=200):
     raise RuntimeError(f"no {slice_} program with difficulties {difficulties}")
 
 # --- rendering: what tasks.py needs ---------------------------------------------------------------
-_SLUGS = {" ": "space", ",": "comma", "-": "dash", "": "nothing", "+": "plus", "_": "underscore", "!": "bang",
-          "?": "question", ".": "dot"}
+_SLUGS = {**_SEPS, "_": "underscore", "!": "bang", "?": "question", ".": "dot"}
 
 def _slug(value):
     if isinstance(value, int):
@@ -423,19 +422,16 @@ def step_code(key, consts, var):
     p = PRIMS[key]
     return p.template.format(v=var, **{slot: repr(c) for (slot, _), c in zip(p.consts, consts)})
 
-_LINES = set()
-
+@functools.cache
 def body_lines():
     """Every line a world solution can hold (stripped): each primitive's code with every constant
     setting on every argument name and on `result`, and `return result`."""
-    if not _LINES:
-        names = {n for ns in ARG_NAMES.values() for n in ns} | {"result"}
-        _LINES.add("return result")
-        for key, p in PRIMS.items():
-            for consts in itertools.product(*(c for _, c in p.consts)):
-                for v in names:
-                    _LINES.update(ln.strip() for ln in step_code(key, consts, v).split("\n"))
-    return _LINES
+    names, lines = {n for ns in ARG_NAMES.values() for n in ns} | {"result"}, {"return result"}
+    for key, p in PRIMS.items():
+        for consts in itertools.product(*(c for _, c in p.consts)):
+            for v in names:
+                lines.update(ln.strip() for ln in step_code(key, consts, v).split("\n"))
+    return lines
 
 def describe(program, arg):
     """The function name and the docstring's first line."""
