@@ -141,8 +141,7 @@ def episodes(ctx, tasks, seed, stats):
     """--turns N: G episodes per task (env.run_episodes: an attempt, the feedback of a failed
     visible example, another attempt, up to N). One sample = one episode, rewarded by its last
     attempt's hidden tests; the loss covers every turn the model wrote (rl.algo.flatten)."""
-    t0 = time.time()
-    tools = env.Feedback(ctx.args.turns, ctx.args.fractional)
+    t0, tools = time.time(), env.Feedback(ctx.args.turns, ctx.args.fractional)
     eps = env.run_episodes(ctx.model, ctx.tok, tasks, tools=tools, pool=ctx.pool, generator=rng(ctx, seed),
                               **sampling_kw(ctx))
     stats["gen_s"] += time.time() - t0     # episodes sandbox between turns: counted as generation
@@ -477,11 +476,8 @@ def record(ctx, step, stats, pbar):
 def summarize_run(ctx):
     """The final JSON line: held-out pass@1 / pass@k before and after, overall and per slice."""
     args, evals, k = ctx.args, ctx.state["evals"], ctx.args.eval_k
-    out = {}
-    for metric in ("pass@1", f"pass@{k}"):
-        for sl in ("", "_near", "_novel"):
-            for when in ("before", "after"):
-                out[f"{metric}{sl}_{when}"] = evals.get(when, {}).get(metric + sl)
+    out = {f"{metric}{sl}_{when}": evals.get(when, {}).get(metric + sl) for metric in ("pass@1", f"pass@{k}")
+           for sl in ("", "_near", "_novel") for when in ("before", "after")}
     if args.turns > 1:
         for when in ("before", "after"):
             e = evals.get(when, {})
