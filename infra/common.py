@@ -52,9 +52,7 @@ def parse_args(parser, presets, argv=None):
     assert all(fixed <= set(p) for p in presets.values()), f"every preset must set {sorted(fixed)}"
     parser.set_defaults(**{k: v for k, v in presets[preset].items() if k in flags})
     args = parser.parse_args(argv)
-    # A preset's names without a flag are settings of the preset alone (the trainers keep their flags
-    # to run settings and the ablations the README lists): edit PRESETS to change them.
-    for k, v in presets[preset].items():
+    for k, v in presets[preset].items():     # a name without a flag: a setting of the preset alone
         if k not in flags:
             setattr(args, k, v)
     args.preset = preset
@@ -102,11 +100,9 @@ def setup_ddp(device_name="auto"):
         return 0, 0, 1, pick_device(device_name)
     rank, local_rank, world = dist_env()
     use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
     dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     return rank, local_rank, world, device
 
