@@ -174,13 +174,6 @@ def test_checks(test_text):
     return checks
 
 
-def strict_cases(test_text):
-    """The checks of a test file whose every test is one (test_checks), else None: its other tests are
-    judged in the candidate's process only, where an object whose __eq__ is always true passes."""
-    cases = list(test_checks(test_text).values())
-    return cases if cases and None not in cases else None
-
-
 # A check's call, in the sandbox, in the test module as it loaded (its module-level code, `shop.TAX = 0`,
 # has run): the value crosses as plain data, a 1-tuple (a raised exception: its type's name, in a list),
 # and is compared here as the test compares it, so code whose result overrides == gets nothing.
@@ -210,10 +203,12 @@ def run_tests(pool, task, repo):
 def project_verdict(pool, task, repo):
     """(passed, trusted) on the final copy: its test file, as it was, passes in the sandbox, and every
     check gave, on plain data here, what it expects (== as the test compares: a tuple is not a list, 0.1
-    + 0.2 is not 0.3). Trusted where every test is a check (strict_cases)."""
+    + 0.2 is not 0.3). Trusted where every test is a check (test_checks): a test that is not one is
+    judged in the candidate's process only, where an object whose __eq__ is always true passes."""
     result, _, checks, got = run_tests(pool, task, repo)
     exact = all(type(got.get(n)) is tuple and got[n][0] == c[3] for n, c in checks.items())
-    return result.passed and exact, strict_cases(task.files[task.test_file]) is not None
+    every = test_checks(task.files[task.test_file]).values()
+    return result.passed and exact, bool(every) and None not in every
 
 
 def project_issue(pool, task):

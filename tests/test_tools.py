@@ -475,10 +475,10 @@ def test_a_projects_verdict_is_judged_outside_the_candidate(pool):
     tests = "from shop import total\n\n\ndef test_1():\n    assert total([1, 2]) == 3\n"
     cheat = "class Yes:\n    def __eq__(self, other):\n        return True\n\n\ndef total(xs):\n    return Yes()\n"
     task = agent.project_task({"shop.py": cheat, "test_shop.py": tests}, "test_shop.py", "total is wrong")
-    assert agent.strict_cases(tests) == [("shop", "total", [[1, 2]], 3)]
+    assert agent.test_checks(tests) == {"test_1": ("shop", "total", [[1, 2]], 3)}
     assert agent.project_verdict(pool, task, task.files) == (False, True)
     good = {**task.files, "shop.py": "def total(xs):\n    return sum(xs)\n"}
     assert agent.project_verdict(pool, task, good) == (True, True)
     loose = "from shop import total\n\n\ndef test_1():\n    x = total([1, 2])\n    assert x > 2\n"
     task2 = agent.project_task({"shop.py": cheat, "test_shop.py": loose}, "test_shop.py", "total is wrong")
-    assert agent.strict_cases(loose) is None and agent.project_verdict(pool, task2, good)[1] is False
+    assert agent.test_checks(loose) == {"test_1": None} and agent.project_verdict(pool, task2, good)[1] is False
