@@ -271,31 +271,21 @@ def main(argv=None):
     if args.seeds:
         text = seeds_report(args.out_dir, args.seeds)
         out = {"table": os.path.join(os.path.dirname(args.out_dir), "seeds.md"), "runs": len(args.seeds)}
-        with open(out["table"], "w") as f:
-            f.write(text)
-        print(text)
-        print(json.dumps(out))
-        return
-    if args.memory:
+    elif args.memory:
         text, rows, gains = memory_report(args.out_dir)
         out = {"table": os.path.join(args.out_dir, "memory.md"), "figure": os.path.join(args.out_dir, "memory.png"),
                "gains": gains}
-        with open(out["table"], "w") as f:
-            f.write(text)
         memory_figure(rows, out["figure"])
-        print(text)
-        print(json.dumps(out))
-        return
-    runs = collect(args.out_dir, args.curve)
-    rows = with_means(runs)
-    table = os.path.join(args.out_dir, "results.md")
-    with open(table, "w") as f:
-        f.write(markdown(rows, args.title))
-    out = {"table": table, "runs": len(runs)}
-    if args.scatter:
-        out["scatter"] = os.path.join(args.out_dir, "finding1.png")
-        scatter(runs, out["scatter"])
-    print(open(table).read())
+    else:
+        runs = collect(args.out_dir, args.curve)
+        text = markdown(with_means(runs), args.title)
+        out = {"table": os.path.join(args.out_dir, "results.md"), "runs": len(runs)}
+        if args.scatter:
+            out["scatter"] = os.path.join(args.out_dir, "finding1.png")
+            scatter(runs, out["scatter"])
+    with open(out["table"], "w") as f:
+        f.write(text)
+    print(text)
     print(json.dumps(out))
 
 
