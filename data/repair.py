@@ -198,11 +198,8 @@ def mutants(solution: str, rng) -> list[str]:
         by_kind.append(sorted(found))
         rng.shuffle(by_kind[-1])
     rng.shuffle(by_kind)
-    out = []
-    for m in itertools.chain(*itertools.zip_longest(*by_kind)):
-        if m is not None and m[len(_HEAD):] not in out:    # two kinds can make the same text (xs[2:])
-            out.append(m[len(_HEAD):])
-    return out
+    in_turn = itertools.chain(*itertools.zip_longest(*by_kind))
+    return list(dict.fromkeys(m[len(_HEAD):] for m in in_turn if m is not None))   # two kinds, one text: xs[2:]
 
 
 # ----------------------------------------------------------------------------- transcripts
