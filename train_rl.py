@@ -379,9 +379,8 @@ Counts = namedtuple("Counts", "n_seqs n_tokens n_positions n_forwards")
 
 def global_counts(ctx, batches):
     """Counts(sequences (episodes: a segment counts its share), completion tokens, positions fed,
-    micro-batches) of the step's batch_tensors:
-    the first three summed over ranks (the loss denominators are global), the last the max over
-    ranks (every rank runs as many forwards)."""
+    micro-batches) of the step's batch_tensors: the first three summed over ranks (the loss
+    denominators are global), the last the max over ranks (every rank runs as many forwards)."""
     c = torch.tensor([sum(b.seqs for b in batches), sum((b.tgt >= 0).sum().item() for b in batches),
                       sum(b.valid.sum().item() for b in batches)], dtype=torch.float64)
     n_mb = torch.tensor(len(batches))
@@ -598,8 +597,8 @@ def setup(args):
     if ck:
         optimizer.load_state_dict(ck["optimizer"])
         common.set_rng_state(ck["rng"])
-    # The rollout function, chosen once (rl/rollouts.py): first attempts, multi-turn episodes, or
-    # first attempts plus repair groups. The rest of the step is the same for all three.
+    # The rollout function, chosen once (rl/rollouts.py): first attempts, multi-turn episodes, first
+    # attempts plus repair groups, or tool episodes. The rest of the step is the same for all four.
     rollout = rollouts.tool_episodes if args.agent else rollouts.episodes if args.turns > 1 else \
         rollouts.repair_groups if args.repair_groups else rollouts.single_turn
     return SimpleNamespace(
