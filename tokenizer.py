@@ -263,8 +263,7 @@ def stdlib_texts(max_mb: float | None = None) -> list[str]:
 def bytes_to_unicode():
     """GPT-2's map from the 256 bytes to printable characters, in which byte-level BPE files spell their
     tokens: printable Latin-1 bytes stand for themselves, the others for chr(256 + n), in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     extra = [b for b in range(256) if b not in keep]
     return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
 
