@@ -461,10 +461,12 @@ def run_report(result):
 # Self-summarization (Composer 2): a long episode is a chain of generations joined by summaries the
 # model writes itself. When an episode's context passes a threshold (summary_at, drawn per task), the
 # harness feeds the request <|summary|> after the observation; the model writes a summary of at most
-# SUMMARY_TOKENS, closed by <|end|>, and the episode goes on from a fresh context: the issue and every
-# summary so far (the model's own sampled ids, fed). The reward at the chain's end reaches every
+# SUMMARY_TOKENS, closed by <|end|>, and the episode goes on from a fresh context: the issue, the file
+# list, the actions left (LEFT) and the latest summary (the model's own sampled ids, fed): one state
+# to restart from, as MEM1 keeps, not every summary so far. The reward at the chain's end reaches every
 # segment (rl.algo.segments), so RL reinforces summaries that keep what the rest of the episode needs.
-SUMMARY_TOKENS = 64       # a summary's cap
+SUMMARY_TOKENS = 96       # a summary's cap: summary_text's state of two numbers and two functions fits
+LEFT = "actions left: {}\n"   # after the prompt in every fresh context (summary, mask, window, oracle)
 SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes without the observation
 # The long tasks' (data/repos.py) context window, and (summary_at) its threshold at 45-55% of it,
 # 288-352 tokens. With the cpu tokenizer the issue and a read of both settings files (640 characters each)
@@ -520,15 +522,27 @@ REBUILD_ROOM = 128        # what a rebuilt context leaves of the window for the 
                           # an action; RL's is 96): the same budget in the bootstrap, RL and the eval
 
 
-def summary_text(task, read, edited=()):
-    """The summary a long task needs, written by the harness (memory "oracle") and by the bootstrap: the
-    needed facts read so far (read: paths in order), `N1 = value (file)`, then each function to fix
-    whose module was read, `fix f in path` or, once edited, `fixed f in path`: a fresh context knows
-    the numbers and where to go, and reads the code again."""
-    facts = [f"{f['label']} = {f['value']!r} ({p})" for p in dict.fromkeys(read) for f in task.facts
-             if f["file"] == p]
-    todo = [f"{'fixed' if f in edited else 'fix'} {f} in {p}" for p, f in task.targets if p in read]
-    return "\n".join(facts + todo) if facts or todo else "nothing read yet"
+def summary_text(task, actions):
+    """The summary a long task needs, a state to restart from, written by the harness (memory "oracle")
+    and by the bootstrap from what the episode's actions read and edited: each needed number read,
+    `N1 = 3 (config.py)`; each one a file read places but not read yet, `N2 in constants.py`; each
+    function to fix whose module was read, its signature and its docstring's line, `fix longer in
+    lists.py: longer(words) Keep only the words longer than N2 characters.`, or once edited, `fixed
+    longer in lists.py`. The bootstrap's teacher restarts from these lines alone (data/search.restart)."""
+    read = [a.path for a in actions if a.name == "read" and not a.error]
+    edited = {(a.path, a.function) for a in actions if a.name == "edit" and not a.error}
+    seen = "".join(task.files[p] for p in read)
+    facts = [f"{f['label']} = {f['value']!r} ({f['file']})" if f["file"] in read else f"{f['label']} in {f['file']}"
+             for f in task.facts if f["file"] in read or f"{f['label']}: the value set in {f['file']}" in seen]
+    todo = []
+    for p, f in task.targets:
+        if (p, f) in edited:
+            todo.append(f"fixed {f} in {p}")
+        elif p in read:       # its def line and its docstring's first line, less the note a fact line says
+            m = re.search(rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)',
+                          task.files[p], re.M)
+            todo.append(f"fix {f} in {p}: {m[1]} {m[2]}.")
+    return "\n".join(facts + todo) or "nothing read yet"
 
 
 def long_tools(memory="summary"):
@@ -571,13 +585,15 @@ class Tools:
         if memory not in (None,) + MEMORIES or (memory and not window):
             raise ValueError(f"memory must be None or one of {MEMORIES} (with a window), got {memory!r}")
         self.actions, self.max_actions, self.max_errors = actions, max_actions, max_errors
-        self.inline = inline
-        self.memory, self.window = memory, window
+        self.inline, self.memory, self.window = inline, memory, window
         self.max_summaries = max_summaries if memory in ("summary", "oracle") else 0
         self.max_turns = max_actions + self.max_summaries          # a summary turn is not an action
 
     def prompt(self, task):
-        return render_issue(task, sorted(task.files) if self.inline else ())
+        # under a memory, the file list too: every memory's fresh context keeps it (a path to read, found
+        # before the summary, need not be in it)
+        listed = "# Files\n" + " ".join(sorted(task.files)) + "\n" if self.memory else ""
+        return render_issue(task, sorted(task.files) if self.inline else ()) + listed
 
     def start(self, task, e):
         e.repo, e.end = dict(task.files), "step_limit"
@@ -596,8 +612,9 @@ class Tools:
         context (rebuild) within the window less REBUILD_ROOM."""
         if not self.memory:
             return keep_context(e, feed, used, seq_len - max_new_tokens)
-        summary = lambda: prompt + [i for s in e.summaries for i in [tok.tool_ids["<|summary|>"]] + s]
-        if x.summary:                 # a fresh context: the issue and every summary, as the model wrote them
+        head = prompt + tok.encode(LEFT.format(self.max_actions - len(e.actions)))   # every fresh context's
+        summary = lambda: head + [tok.tool_ids["<|summary|>"]] + e.summaries[-1]
+        if x.summary:                 # a fresh context: the latest summary, as the model wrote it
             return summary(), True, None
         k = 0 if x.stopped else 1     # the action, then its observation: what mask's and window's rebuild use
         if self.memory in ("mask", "window"):
@@ -608,14 +625,12 @@ class Tools:
             return feed, False, None
         if self.memory in ("mask", "window"):
             e.state["rebuilds"] += 1
-            return self.rebuild(tok, e, prompt, window - REBUILD_ROOM), True, None
+            return self.rebuild(tok, e, head, window - REBUILD_ROOM), True, None
         if len(e.summaries) >= self.max_summaries:
             e.end = "summary_cap"
             return None
-        if self.memory == "oracle":   # the facts read so far, as the bootstrap's summaries state them
-            read = [a.path for a in e.actions if a.name == "read" and not a.error]
-            edited = [a.function for a in e.actions if a.name == "edit" and not a.error]
-            e.summaries.append(tok.encode(summary_text(task, read, edited)) + [tok.tool_ids["<|end|>"]])
+        if self.memory == "oracle":   # the state the actions reached, as the bootstrap's summaries state it
+            e.summaries.append(tok.encode(summary_text(task, e.actions)) + [tok.tool_ids["<|end|>"]])
             return summary(), True, None
         # the request after the observation; where that would leave the summary fewer than SUMMARY_MIN
         # tokens of the window, after the action alone (the observation is dropped)
@@ -626,9 +641,9 @@ class Tools:
         return feed + [tok.tool_ids["<|summary|>"]], False, limit
 
     def rebuild(self, tok, e, prompt, budget):
-        """mask's and window's fresh context: the issue, then the latest turns that fit in `budget`
-        tokens, oldest dropped first. window: each turn whole (the agent's action and what it was
-        answered); mask: every action whole, each observation but the last replaced by MASKED (JetBrains'
+        """mask's and window's fresh context: `prompt` (fit's head: the prompt, the actions left), then the
+        latest turns that fit in `budget` tokens, oldest dropped first. window: each turn whole (the
+        agent's action and what it was answered); mask: every action whole, each observation but the last replaced by MASKED (JetBrains'
         observation masking, arXiv 2508.21433). e.state["context"]: which turns it holds, and masked."""
         pieces, dropped = e.state["stream"], self.feed_ids(tok, MASKED)
         kept, held, n = [], [], len(prompt)
