@@ -74,9 +74,8 @@ PRESETS = {
     # The built-in corpus is small (stdlib ~3.5M tokens, repeated), so the generated tasks carry most
     # of it; add --data for real code.
     "gpu": dict(vocab_size=8192, tok_train_mb=20.0, source_mb=0.0, tasks_n=1_000_000, repair_frac=0.0,
-                agent_n=0, holdout_n=1000,
-                mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12, n_kv_head=4, n_expert=16,
-                top_k=2, n_shared_expert=1, expert_hidden=512, balance="bias",
+                agent_n=0, holdout_n=1000, mix="stdlib=0.3,tasks=0.7", n_layer=12, n_embd=768, n_head=12,
+                n_kv_head=4, n_expert=16, top_k=2, n_shared_expert=1, expert_hidden=512, balance="bias",
                 seq_len=1024, micro_batch=32, batch_tokens=131072, max_steps=5000, warmup_steps=200,
                 lr=1e-3, log_every=20, eval_every=500, val_tokens=262144, sample_every=1000,
                 sample_tokens=160, ckpt_every=500),
@@ -246,8 +245,7 @@ if args.dry_run:
 PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "agent_n", "source_mb",
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
 DATA_CODE = ("data/corpus.py", "data/tasks.py", "data/world.py", "data/families.py", "data/repair.py",
-             "data/repos.py", "tokenizer.py",
-             "env.py", "sandbox.py")    # the harness whose observations the transcripts hold
+             "data/repos.py", "tokenizer.py", "env.py", "sandbox.py")   # env, sandbox: the harness observed
 
 
 def prepared_data():
