@@ -245,7 +245,8 @@ if args.dry_run:
 PREP_ARGS = ("data_ext", "text_field", "tasks_n", "task_difficulties", "repair_frac", "agent_n", "source_mb",
              "max_file_kb", "val_frac", "holdout_n", "vocab_size", "tok_train_mb", "seed")
 DATA_CODE = ("data/corpus.py", "data/tasks.py", "data/world.py", "data/families.py", "data/repair.py",
-             "data/repos.py", "data/search.py", "tokenizer.py", "env.py", "sandbox.py")   # env, sandbox: the harness observed
+             "data/repos.py", "data/search.py", "tokenizer.py",
+             "env.py", "sandbox.py")   # env, sandbox: the harness observed
 
 
 def prepared_data():
