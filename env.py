@@ -643,8 +643,9 @@ class Tools:
     def rebuild(self, tok, e, prompt, budget):
         """mask's and window's fresh context: `prompt` (fit's head: the prompt, the actions left), then the
         latest turns that fit in `budget` tokens, oldest dropped first. window: each turn whole (the
-        agent's action and what it was answered); mask: every action whole, each observation but the last replaced by MASKED (JetBrains'
-        observation masking, arXiv 2508.21433). e.state["context"]: which turns it holds, and masked."""
+        agent's action and what it was answered); mask: every action whole, each observation but the last
+        replaced by MASKED (JetBrains' observation masking, arXiv 2508.21433). e.state["context"]: which
+        turns it holds, and masked."""
         pieces, dropped = e.state["stream"], self.feed_ids(tok, MASKED)
         kept, held, n = [], [], len(prompt)
         for i in range(len(pieces) - 1, -1, -1):

@@ -570,8 +570,8 @@ def visible_cases(task):
 class Transcript(str):
     """An oracle episode's text (special tokens spelt out), and `segments`: its pieces in order, each
     (text, context?, special?): a special piece is a special token's name, never text to encode;
-    corpus.encode_doc turns them into ids."""
-    segments = ()
+    corpus.encode_doc turns them into ids; episode: its env.Episode (transcripts)."""
+    segments, episode = (), None
 
 
 
@@ -595,7 +595,7 @@ def _frame(text):
     return frames[-1] if frames else None
 
 
-def oracle(task, r, budget, inline=False, mem=None):
+def oracle(task, r, budget, inline=False):
     """The bootstrap's policy, a generator: it yields (action, payload) and is sent each observation.
     It knows the reference (task.fixed), not where the fault is: it finds the entry point's module by
     grep, reads it, follows its calls (grep, read, sometimes a run of a helper's docstring example), and
@@ -603,13 +603,9 @@ def oracle(task, r, budget, inline=False, mem=None):
     while a test fails. deleted / config / long: the symptom's traceback (a run of the failing call)
     often names the file and function at once; a docstring that names a settings module sends it
     there first. With every file inlined (the oracle baseline's format) it reads nothing. At most
-    `budget` actions, submit included. mem: what its context still holds, kept by the driver (a long
-    task's memory forgets): "seen", the files it can read there, "known", the settings modules whose
-    numbers a summary keeps, "places", where a summary says the functions to fix are; a file it needs
-    and no longer sees is read again."""
-    mem = mem if mem is not None else {"seen": {}, "known": set(), "places": {}}
-    seen = mem["seen"]
-    seen.update(task.files if inline else {})
+    `budget` actions, submit included. Short tasks only: a long task's teacher must restart from what a
+    summary or a rebuilt context holds (data/search.restart), and this one remembers what it read."""
+    seen = dict(task.files) if inline else {}
     reference = solved_files(task)
     left, fixed = budget, set()
     pending = [f for _, f in task.targets]
@@ -619,16 +615,16 @@ def oracle(task, r, budget, inline=False, mem=None):
         left -= 1
         return (yield name, payload)
 
-    def where(fn):                       # find fn's module: known, else grep for its def
-        for p, text in mem["seen"].items():
+    def where(fn):                       # find fn's module: read, else grep for its def
+        for p, text in seen.items():
             if re.search(rf"^def {fn}\(", text, re.M):
                 return p
-        return mem["places"].get(fn) or _grep_path((yield from act("grep", f"def {fn}(")))
+        return _grep_path((yield from act("grep", f"def {fn}(")))
 
     def read(p):
-        if p not in mem["seen"]:
-            mem["seen"][p] = yield from act("read", p)
-        return mem["seen"][p]
+        if p not in seen:
+            seen[p] = yield from act("read", p)
+        return seen[p]
 
     opening = r.random()
     if opening < 0.3:
@@ -666,10 +662,8 @@ def oracle(task, r, budget, inline=False, mem=None):
         f = wrong[0]
         done.add(f)
         for fact in task.facts:          # the docstring names the module that holds the number
-            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False) and \
-                    fact["file"] not in mem["known"]:
+            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False):
                 yield from read(fact["file"])
-        yield from read(path)            # a memory may have dropped it meanwhile: look again
         if r.random() < 0.3 and left > 5:
             ex = re.search(rf">>> ({f}\(.*\))$", text, re.M)
             if ex:
@@ -703,65 +697,56 @@ BOOT_MEMORIES = ("summary", "mask", "window")
 def _memory(env, ep, tok, name, payload, obs, seq_len):
     """A long episode's step as its memory sees it (env.Tools.fit on the tokenizer's count, as an episode's
     would): the context grows, or it passes the threshold and the memory acts: the summary turn (the
-    rule-based summary is written, and the next segment starts from the issue and the summaries), or a
-    rebuilt context (mask, window: the next segment starts from what env.Tools.rebuild kept), or an end
-    (the summary cap, a full context: False). An observation dropped for want of room before a summary:
-    the action is taken again after it."""
+    summary env.summary_text writes, a target; the next segment starts from the fresh context: the
+    prompt, the actions left and that summary), or a rebuilt context (mask, window: the next segment
+    starts from what env.Tools.rebuild kept), or an end (the summary cap, a full context: False). The
+    teacher starts again from the new segment's text alone (search.restart). An observation the harness
+    drops for want of room before a summary is dropped here too, and the summary is blind to its action."""
     t, tools, e = ep["task"], ep["tools"], ep["e"]
     act = env.action_ids(tok, name, payload)
     feed = act[-1:] + tools.feed_ids(tok, obs)          # as env.next_feed: <|end|>, the observation
-    ep["turns"].append((env.action_segments(name, payload), env.observation_segments(obs), name, payload, obs))
-    nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ep["ctx"] + len(act) - 1, ep["prompt"],
-                    seq_len or env.LONG_WINDOW, 0)
+    ep["turns"].append(env.action_segments(name, payload) + env.observation_segments(obs))
+    window = seq_len or env.LONG_WINDOW
+    nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ep["ctx"] + len(act) - 1, ep["prompt"], window, 0)
     if nxt is None:                                     # past the summary cap, or the context is full
         return False
+    if not nxt[1] and not e.state.pop("summarizing", False):     # the context grows
+        ep["ctx"] += len(act) - 1 + len(nxt[0])
+        return True
+    head = [(tools.prompt(t), True, False), (env.LEFT.format(tools.max_actions - len(e.actions)), True, False)]
     if nxt[1]:                                          # mask, window: a rebuilt context, all fed
         ep["docs"].append(ep["segs"])
         dropped = env.observation_segments(env.MASKED)
-        ep["segs"] = [(tools.prompt(t), True, False)] + [(p, True, special) for i, masked in e.state["context"]
-                                                        for p, _, special in ep["turns"][i][0]
-                                                        + (dropped if masked else ep["turns"][i][1])]
-        ep["ctx"] = len(nxt[0])
-        # the oracle sees again only what the rebuilt context shows
-        ep["mem"]["seen"] = {ep["turns"][i][3]: ep["turns"][i][4] for i, masked in e.state["context"]
-                             if not masked and ep["turns"][i][2] == "read" and not ep["turns"][i][4].startswith("error")}
-        return True
-    if not e.state.pop("summarizing", False):
-        ep["ctx"] += len(act) - 1 + len(nxt[0])
-        return True
-    blind, e.blind = e.blind, 0
-    if blind:                                           # no room for the observation: again after it
-        ep["segs"] = ep["segs"][:-3]
-        ep["read"] = ep["read"][:-1] if name == "read" else ep["read"]
-        ep["again"] = (name, payload)
-    edited = [a.function for a in e.actions if a.name == "edit" and not a.error]
-    text = env.summary_text(t, ep["read"], edited)
-    ep["mem"]["seen"].clear()                           # a fresh context: the issue and the summaries
-    ep["mem"]["known"] |= {f["file"] for f in t.facts if f["file"] in ep["read"]}
-    ep["mem"]["places"] = {f: p for p, f in t.targets if p in ep["read"]}
-    ep["docs"].append(ep["segs"] + [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)])
-    e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
-    ep["fresh"] += [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
-    ep["segs"] = list(ep["fresh"])
-    ep["ctx"] = len(ep["prompt"]) + sum(1 + len(ids) for ids in e.summaries)
+        ep["segs"] = head + [(p, True, special) for i, masked in e.state["context"]
+                             for p, _, special in ep["turns"][i][:3] + (dropped if masked else ep["turns"][i][3:])]
+    else:                                               # the summary turn
+        blind, e.blind = e.blind, 0
+        ep["segs"] = ep["segs"][:-3] if blind else ep["segs"]
+        text = env.summary_text(t, e.actions[:-1] if blind else e.actions)
+        ep["docs"].append(ep["segs"] + [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)])
+        e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
+        ep["segs"] = head + [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
+        nxt = tools.fit(tok, t, e, env.Turn([], [], [], summary=True), [], 0, ep["prompt"], window, 0)
+    ep["ctx"], ep["obs"] = len(nxt[0]), None
+    ep["policy"] = search.restart("".join(text for text, _, _ in ep["segs"]), tools.max_actions)
     return True
 
 
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",), teacher="search"):
     """One or more Transcripts per task: a teacher's episode through env.Tools itself, every episode of
-    the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in one batch.
-    teacher: "search" (data/search.py: a policy on the issue and the observations alone, its recoveries
-    included) for short tasks, the oracle for long ones (issue 63); "oracle" for every task, a share
-    (ORACLE_FRAC) from every file inlined (eval.py's oracle baseline's format). Each Transcript's
-    `actions` counts its actions and those naming what its context does not hold (search.unpredictable).
+    the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in one batch,
+    and ended, as the harness ends it, by a submit or the step limit. teacher, of the short tasks:
+    "search" (data/search.py: a policy on the issue and the observations alone, its recoveries
+    included), or "oracle", a share (ORACLE_FRAC) from every file inlined (eval.py's oracle baseline's
+    format). A long task's teacher is search.restart, whatever `teacher`. Each Transcript's `actions`
+    counts its actions and those naming what its context does not hold (search.unpredictable); its
+    `episode` is its episode's env.Episode (actions, final repository, end "submit" or "step_limit").
     A long task's episode runs in the harness of one of `memories`, drawn per task (env.long_tools;
-    None: the whole context),
-    which says where the context passes its threshold: tok counts it as an episode's would, in a model
-    of seq_len positions (None: the window's). Its episode is one Transcript per segment: with the
-    summary turn, the first ends on its summary (env.summary_text), the next starts from the fresh
-    context (the issue and the summaries so far, context like the observations); with mask and window,
-    the next starts from the context the harness rebuilt. An observation the harness drops for want
-    of room is dropped here too, and the action is taken again after the summary."""
+    None: the whole context), which says where the context passes its threshold: tok counts it as an
+    episode's would, in a model of seq_len positions (None: the window's). Its episode is one Transcript
+    per segment: with the summary turn, the first ends on its summary (env.summary_text), the next
+    starts from the fresh context (the prompt, the actions left and that summary, context like the
+    observations); with mask and window, the next starts from the context the harness rebuilt."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
     for t in tasks:
@@ -770,35 +755,33 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        e = env.Episode(0)
+        e, prompt = env.Episode(0), tools.prompt(t)
         tools.start(t, e)
-        mem = {"seen": {}, "known": set(), "places": {}}
-        policy = search.search(tools.prompt(t), tools.max_actions) if teacher == "search" and t.kind != "long" \
-            else oracle(t, r, tools.max_actions, inline, mem)
-        ep = {"task": t, "tools": tools, "e": e, "policy": policy, "read": [],
-              "docs": [], "segs": [(tools.prompt(t), True, False)], "fresh": [(tools.prompt(t), True, False)],
-              "obs": None, "turns": [], "mem": mem}
+        policy = search.restart(prompt, tools.max_actions) if t.kind == "long" else \
+            search.search(prompt, tools.max_actions) if teacher == "search" else oracle(t, r, tools.max_actions, inline)
+        ep = {"task": t, "tools": tools, "e": e, "policy": policy, "docs": [], "segs": [(prompt, True, False)],
+              "obs": None, "turns": []}
         if t.kind == "long":
-            ep["prompt"] = tok.encode(tools.prompt(t))
+            ep["prompt"] = tok.encode(prompt)
             ep["ctx"] = len(ep["prompt"])
         eps.append(ep)
     live = list(eps)
     while live:
         step = []
         for ep in live:
-            name, payload = ep.pop("again", None) or ep["policy"].send(ep["obs"])
+            name, payload = ep["policy"].send(ep["obs"])
             ep["segs"] += env.action_segments(name, payload)
-            if name == "submit":
-                continue
             act = env.Action(name)
+            ep["e"].actions.append(act)       # what the harness's summary reads (its reads and edits)
+            if name == "submit":
+                ep["e"].end = "submit"
+                continue
             try:
                 obs, run = ep["tools"].apply(ep["task"], ep["e"], name, payload, act)
             except ValueError as err:
-                obs, run = str(err), None
-            ep["read"] += [payload] if name == "read" and not act.error else []
+                act.error, obs, run = "tool", str(err), None
             step.append((ep, name, payload, obs, run))
-        results = pool.run_batch([run for *_, run in step if run])
-        results = iter(results)
+        results = iter(pool.run_batch([run for *_, run in step if run]))
         live = []
         for ep, name, payload, obs, run in step:
             if run:
@@ -806,14 +789,15 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
                 obs = env.test_report(r, [n for n, in run.inputs]) if name == "test" else env.run_report(r)
             ep["obs"] = obs
             ep["segs"] += env.observation_segments(obs)
-            if ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len):
+            if len(ep["e"].actions) < ep["tools"].max_actions and \
+                    (ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)):
                 live.append(ep)
     out = []
     for ep in eps:
         for segs in ep["docs"] + [ep["segs"]]:
             segs = [s for s in segs if s[0]]
             doc = Transcript("".join(text for text, _, _ in segs))
-            doc.segments, doc.actions = segs, search.unpredictable(segs)
+            doc.segments, doc.actions, doc.episode = segs, search.unpredictable(segs), ep["e"]
             out.append(doc)
     return out
 

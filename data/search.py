@@ -55,18 +55,20 @@ def _parts(src):
     return params, doc.group(1).strip().rstrip(".").lower() if doc else "", start
 
 
-def _templates(src, values):
+def _templates(src, values, label=None):
     """The bodies a deleted helper's docstring names: the template of each primitive whose phrase it is,
-    its slots the helper's parameters, or (a config note, "N: the value set in F") each number F holds."""
+    its slots the helper's parameters, or (a config note, "N: the value set in F", or a summary's line
+    that names `label` in its place) each number F holds."""
     params, phrase, _ = _parts(src)
     note = re.search(r" \((\w+): the value set in [\w/.]+\)$", phrase)
+    if note:
+        label, phrase = note[1], phrase[:note.start()]
     out = []
     for p in world.PRIMS.values():
         slots = [s for s, _ in p.consts]
-        named = {"c": note[1]} if note else dict(zip(slots, params[1:]))
-        if (slots == ["c"] if note else len(slots) == len(params) - 1) and \
-                p.phrase.format(**named).lower() == phrase[:note.start() if note else None]:
-            for fill in [{"c": v} for v in values] if note else [named]:
+        named = {"c": label} if label else dict(zip(slots, params[1:]))
+        if (slots == ["c"] if label else len(slots) == len(params) - 1) and p.phrase.format(**named).lower() == phrase:
+            for fill in [{"c": v} for v in values] if label else [named]:
                 code = p.template.format(v=params[0], **fill) + "\nreturn result"
                 out.append("".join("    " + line + "\n" for line in code.split("\n")))
     return out
@@ -192,6 +194,72 @@ def search(prompt, budget=12):
     if dirty and good:
         yield from edit(dirty)
     yield "submit", ""
+
+
+def restart(context, budget):
+    """The long tasks' teacher (issue 63), a generator like search: built from a context's text alone,
+    and built again from each next one (data/repos.transcripts: after a summary, the issue, the file
+    list, the actions left (env.LEFT) and the summary; after mask's or window's rebuild, what that
+    context shows), so it never acts on what its context no longer holds. Each action follows from the
+    context so far (_next). budget: the actions left where the context does not say them."""
+    left = re.search(r"^actions left: (\d+)$", context, re.M)
+    left = int(left[1]) if left else budget
+    while True:
+        name, payload = _next(context) if left > 1 else ("submit", "")
+        obs = yield name, payload
+        context += f"<|{name}|>{payload}<|end|><|obs|>{obs}<|/obs|>"
+        left -= 1
+
+
+def _next(context):
+    """A long task's next action from its context's text: the summary's lines (env.summary_text), the
+    reads shown (a stub and the settings module its docstring names; that module's one number), the
+    edits made, the last grep and the last test. It greps the stubs, reads their modules, then each
+    number's module, writes each helper's template with its number, tests and submits."""
+    shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>", context,
+                                                   re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
+    reads = {m[1]: m[2] for m in shown("read")}
+    summary = "".join(re.findall(r"<\|summary\|>(.*?)<\|end\|>", context, re.S)[-1:])
+    where = dict(re.findall(r"^(N\d*) in ([\w/.]+)$", summary, re.M))
+    values = {}
+    for label, value, path in re.findall(r"^(N\d*) = (-?\d+) \(([\w/.]+)\)$", summary, re.M):
+        where[label], values[label] = path, int(value)
+    todo = {f: (p, f'def {sig}:\n    """{doc}"""\n')
+            for f, p, sig, doc in re.findall(r"^fix (\w+) in ([\w/.]+): (\w+\(.*?\)) (.*)$", summary, re.M)}
+    for path, text in reads.items():          # the stubs a read shows, the modules their notes name
+        where |= dict(re.findall(r"\((N\d*): the value set in ([\w/.]+)\)", text))
+        todo |= {f: (path, src) for f in re.findall(r"^def (\w+)\(", text, re.M)
+                 if "    raise NotImplementedError\n" in (src := definition(text, f, drop_doc=False))}
+    # each settings module's one number: a read shown, or a note of it, which mask and window keep longer:
+    # a grep of its line (`config.py:7: RATE = 3`; under mask, the grep `RATE = 3` right after the read)
+    lines = {p: m for p, text in reads.items() if (m := re.search(r"^[A-Z][A-Z0-9_]* = (-?\d+)$", text, re.M))}
+    numbers = {p: int(m[1]) for p, m in lines.items()} | {p: int(v) for p, v in re.findall(
+        r"<\|read\|>([\w/.]+)<\|end\|><\|obs\|>[^<]*<\|/obs\|><\|grep\|>[A-Z][A-Z0-9_]* = (-?\d+)<\|end\|>", context)}
+    numbers |= {p: int(v) for m in shown("grep") for p, v in
+                re.findall(r"^([\w/.]+\.py):\d+: [A-Z][A-Z0-9_]* = (-?\d+)$", m[2], re.M)}
+    values |= {label: numbers[p] for label, p in where.items() if p in numbers and label not in values}
+    edits = list(re.finditer(r"<\|edit\|>([\w/.]+)\ndef (\w+)\(", context))
+    fixed = set(re.findall(r"^fixed (\w+) in", summary, re.M)) | {m[2] for m in edits}
+    todo = {f: (p, src, re.search(r"\b(N\d*)\b", src)) for f, (p, src) in todo.items() if f not in fixed}
+    for f, (path, src, label) in todo.items():
+        bodies = _templates(src, [values[label[1]]], label[1]) if label and label[1] in values else []
+        if bodies:
+            return "edit", path + "\n" + src.partition("\n")[0] + "\n" + bodies[0]    # its docstring dropped
+    for path, m in lines.items():              # a number whose use no stub or summary line shown says
+        if path not in where.values() and f"<|grep|>{m[0]}<|end|>" not in context:
+            return "grep", m[0]
+    for f, (path, src, label) in todo.items():
+        if label and where.get(label[1]) not in (None, *reads):
+            return "read", where[label[1]]
+    greps = [m for m in shown("grep") if m[1] == "raise NotImplementedError"]
+    for path in re.findall(r"^([\w/.]+\.py):\d+: ", greps[-1][2] if greps else "", re.M):   # a stub's module
+        if path not in reads and path not in {p for p, *_ in todo.values()} and \
+                not any(m[1] == path and m.start() > greps[-1].start() for m in edits):
+            return "read", path
+    last = max([m.start() for m in edits], default=-1)
+    if not greps or greps[-1].start() < last:           # the stubs left, since the last edit
+        return "grep", "raise NotImplementedError"
+    return ("test", "") if not any(m.start() > last for m in shown("test")) else ("submit", "")
 
 
 def episodes(tasks, tools, pool, policy=search):
