@@ -565,7 +565,10 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
         out["per_episode"] = sum(r["summaries"] + r["rebuilds"] for r in records) / max(1, len(records))
     if tools.memory in ("summary", "oracle"):   # the summaries: their length, the needed facts they keep
         n_sum, read = sum(r["summaries"] for r in records), sum(r["facts_read"] for r in records)
+        said = [(tasks[e.task_idx].files, x.text) for e in eps for x in e.turns if x.summary]   # the model's
+        bad = sum(any(p not in files for p in re.findall(r"[\w/.]+\.py\b", text)) for files, text in said)
         out.update(summary_len=sum(r["summary_tokens"] for r in records) / n_sum if n_sum else None,
+                   bad_paths=bad / len(said) if said else None,     # its summaries naming a file it lacks
                    without_obs=sum(r["blind"] for r in records) / n_sum if n_sum else None,
                    fact_retention=sum(r["facts_kept"] for r in records) / read if read else None,
                    over_cap=sum(r["end"] == "summary_cap" for r in records) / max(1, len(records)))

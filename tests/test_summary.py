@@ -329,3 +329,24 @@ def test_the_oracle_summary_is_the_harness_s_own_and_names_only_what_was_read(to
             assert s == tok.encode(summary_text(t, e.actions[:k])) + [tok.tool_ids["<|end|>"]]
             n += 1
     assert n
+
+
+def test_eval_counts_the_summaries_that_name_a_file_the_repository_lacks(tok, pool, long_tasks):
+    """eval.py's summary/bad_paths: the share of the model's own summaries that name a path the task's
+    repository does not hold (issue 63: 86 of 96 did). Each summary is rewritten to name a file of
+    the repository, then one of none, in turn."""
+    import unittest.mock
+    from eval import evaluate_agent
+    model, tasks, real = loud_model(tok), long_tasks[:2], env.run_episodes
+    tools = env.Tools(max_actions=8, max_errors=6, memory="summary", window=320, max_summaries=2)
+
+    def naming(*args, **kw):
+        eps = real(*args, **kw)
+        for e in eps:
+            for j, x in enumerate(x for x in e.turns if x.summary):
+                x.text = f"N1 = 3 ({'nowhere.py' if j % 2 else sorted(tasks[e.task_idx].files)[0]})"
+        naming.said = [j % 2 for e in eps for j, _ in enumerate(x for x in e.turns if x.summary)]
+        return eps
+    with unittest.mock.patch.object(env, "run_episodes", naming):
+        out = evaluate_agent(model, tok, tasks, pool, 3, tools, temperature=1.0, max_new_tokens=24)
+    assert 0 < sum(naming.said) < len(naming.said) and out["bad_paths"] == sum(naming.said) / len(naming.said)
