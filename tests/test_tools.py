@@ -241,6 +241,16 @@ def test_a_tool_outside_the_tool_set_is_refused_and_inline_shows_every_file(tok,
     assert "config.py" not in tools.prompt(t) and "BASE_RATE = 7" in env.Tools(inline=True).prompt(t)
 
 
+@pytest.mark.parametrize("memory", env.MEMORIES)
+def test_under_a_memory_the_prompt_lists_the_files_and_a_short_task_s_is_its_issue(memory):
+    """Under every memory alike, the prompt (which every fresh context starts from) lists the repository's
+    files: a path read after a summary or a rebuild stands in the context (issue 63). A short task's
+    prompt is its issue, as before."""
+    t = repo_task()
+    assert env.long_tools(memory).prompt(t) == env.render_issue(t) + "# Files\nconfig.py report.py test_report.py\n"
+    assert env.Tools().prompt(t) == env.render_issue(t) == f"# Issue\n{t.issue}\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop with the tool set: one token stream per episode, exactly the tokens sampled
 
