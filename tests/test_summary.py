@@ -116,6 +116,23 @@ def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fre
     assert asked
 
 
+def test_the_bootstrap_s_summaries_say_what_the_teacher_fixed(long_tasks, pool, tok):
+    """Issue 63's bug: transcripts() never recorded the teacher's actions in its episode, so the bootstrap's
+    summaries never said `fixed f in p` (0 of 211), while eval's oracle summary does after each edit: every
+    function to fix that the teacher edited before a summary (read off the transcript's own text) is
+    `fixed` there, and no other."""
+    docs, n = transcripts(long_tasks, pool, seed=0, tok=tok), 0
+    for t in long_tasks:
+        edited = set()
+        for d in [d for d in docs if d.startswith(env.render_issue(t))]:      # its segments, in order
+            edited |= {(p, f) for p, f in re.findall(r"<\|edit\|>([\w/.]+)\ndef (\w+)\(", d)}
+            if d.segments[-3][0] == "<|summary|>":
+                said = {(p, f) for f, p in re.findall(r"^fixed (\w+) in ([\w/.]+)$", d.segments[-2][0], re.M)}
+                assert said == {(p, f) for p, f in t.targets if (p, f) in edited}, t.task_id
+                n += len(said)
+    assert n
+
+
 def test_a_summary_is_a_state_to_restart_from():
     """summary_text, worked: each number read and where it lives, each one a file read places, each
     function to fix with its signature and docstring line once its module was read, what was edited."""
