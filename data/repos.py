@@ -755,43 +755,19 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        e, prompt = env.Episode(0), tools.prompt(t)
-        tools.start(t, e)
+        prompt = tools.prompt(t)
         policy = search.restart(prompt, tools.max_actions) if t.kind == "long" else \
             search.search(prompt, tools.max_actions) if teacher == "search" else oracle(t, r, tools.max_actions, inline)
-        ep = {"task": t, "tools": tools, "e": e, "policy": policy, "docs": [], "segs": [(prompt, True, False)],
-              "obs": None, "turns": []}
+        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
+                    "segs": [(prompt, True, False)]})
         if t.kind == "long":
-            ep["prompt"] = tok.encode(prompt)
-            ep["ctx"] = len(ep["prompt"])
-        eps.append(ep)
-    live = list(eps)
-    while live:
-        step = []
-        for ep in live:
-            name, payload = ep["policy"].send(ep["obs"])
-            ep["segs"] += env.action_segments(name, payload)
-            act = env.Action(name)
-            ep["e"].actions.append(act)       # what the harness's summary reads (its reads and edits)
-            if name == "submit":
-                ep["e"].end = "submit"
-                continue
-            try:
-                obs, run = ep["tools"].apply(ep["task"], ep["e"], name, payload, act)
-            except ValueError as err:
-                act.error, obs, run = "tool", str(err), None
-            step.append((ep, name, payload, obs, run))
-        results = iter(pool.run_batch([run for *_, run in step if run]))
-        live = []
-        for ep, name, payload, obs, run in step:
-            if run:
-                r = next(results)
-                obs = env.test_report(r, [n for n, in run.inputs]) if name == "test" else env.run_report(r)
-            ep["obs"] = obs
-            ep["segs"] += env.observation_segments(obs)
-            if len(ep["e"].actions) < ep["tools"].max_actions and \
-                    (ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)):
-                live.append(ep)
+            eps[-1]["prompt"] = tok.encode(prompt)
+            eps[-1]["ctx"] = len(eps[-1]["prompt"])
+
+    def observe(ep, name, payload, obs):      # the transcript's pieces; a long task's memory may act
+        ep["segs"] += env.action_segments(name, payload) + (env.observation_segments(obs) if obs is not None else [])
+        return obs is None or ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)
+    search.drive(eps, pool, observe)
     out = []
     for ep in eps:
         for segs in ep["docs"] + [ep["segs"]]:

@@ -264,34 +264,48 @@ def _next(context):
 
 def episodes(tasks, tools, pool, policy=search):
     """Each task's episode of `policy` through `tools` (env.Tools: the agent's actions and step limit),
-    stepped together so that a step's sandbox runs go to `pool` in one batch, and judged as the agent's
-    (tools.finish: env.hidden_run on the final repository; no submit within the step limit fails)."""
-    eps, live = [env.Episode(i) for i in range(len(tasks))], []
-    for t, e in zip(tasks, eps):
-        tools.start(t, e)
-        live.append((t, e, policy(tools.prompt(t), tools.max_actions), None))
+    stepped together (drive), and judged as the agent's (tools.finish: env.hidden_run on the final
+    repository; no submit within the step limit fails)."""
+    eps = [{"task": t, "tools": tools, "e": env.Episode(i), "policy": policy(tools.prompt(t), tools.max_actions)}
+           for i, t in enumerate(tasks)]
+    drive(eps, pool)
+    tools.finish(pool, [(ep["task"], ep["e"]) for ep in eps])
+    return [ep["e"] for ep in eps]
+
+
+def drive(eps, pool, observe=lambda ep, name, payload, obs: True):
+    """Episodes stepped together, so that a step's sandbox runs go to `pool` in one batch: each a dict of
+    its task, tools (env.Tools), e (env.Episode) and policy (a generator sent each observation, ep["obs"]),
+    taken as env.Tools.step takes a model's actions: a refused action is an observation, every action
+    counts, every observation is capped, a submit or the step limit ends the episode. observe(ep, name,
+    payload, obs) sees each action and its observation (None: the episode is over) and may end it (False)."""
+    for ep in eps:
+        ep["tools"].start(ep["task"], ep["e"])
+    live = list(eps)
     while live:
         step = []
-        for t, e, p, obs in live:
-            name, payload = p.send(obs)
+        for ep in live:
+            (t, tools, e), (name, payload) = (ep["task"], ep["tools"], ep["e"]), ep["policy"].send(ep.get("obs"))
             act = env.Action(name)
             e.actions.append(act)
-            try:              # as env.Tools.step: a refused action is an observation, and every action counts
+            try:
                 if name not in tools.actions:
                     raise ValueError(f"error: <|{name}|> is not available here")
                 obs, run = tools.apply(t, e, name, payload, act)
             except ValueError as err:
                 act.error, obs, run = "tool", str(err), None
-            if name == "submit" and not act.error:
-                e.end = "submit"
-            elif len(e.actions) < tools.max_actions:
-                step.append((t, e, p, obs, run, name))
+            e.end = "submit" if name == "submit" and not act.error else e.end
+            over = e.end == "submit" or len(e.actions) >= tools.max_actions
+            step.append((ep, name, payload, None if over else obs, None if over else run))
         results = iter(pool.run_batch([s[4] for s in step if s[4]]))
-        live = [(t, e, p, env.cap(obs if not run else env.run_report(next(results)) if name == "run" else
-                                  env.test_report(next(results), [n for n, in run.inputs])))
-                for t, e, p, obs, run, name in step]
-    tools.finish(pool, list(zip(tasks, eps)))
-    return eps
+        live = []
+        for ep, name, payload, obs, run in step:
+            if run:
+                r = next(results)
+                obs = env.test_report(r, [n for n, in run.inputs]) if name == "test" else env.run_report(r)
+            ep["obs"] = None if obs is None else env.cap(obs)
+            if observe(ep, name, payload, ep["obs"]) and obs is not None:
+                live.append(ep)
 
 
 def unpredictable(segments):
