@@ -524,24 +524,20 @@ REBUILD_ROOM = 128        # what a rebuilt context leaves of the window for the 
 
 def summary_text(task, actions):
     """The summary a long task needs, a state to restart from, written by the harness (memory "oracle")
-    and by the bootstrap from what the episode's actions read and edited: each needed number read,
-    `N1 = 3 (config.py)`; each one a file read places but not read yet, `N2 in constants.py`; each
-    function to fix whose module was read, its signature and its docstring's line, `fix longer in
-    lists.py: longer(words) Keep only the words longer than N2 characters.`, or once edited, `fixed
-    longer in lists.py`. The bootstrap's teacher restarts from these lines alone (data/search.restart)."""
+    and by the bootstrap from what the episode's actions read and edited: each needed number read, `N1 =
+    3 (config.py)`; each one a file read places, `N2 in constants.py`; each function to fix whose module
+    was read, its signature and docstring line, `fix longer in lists.py: longer(words) Keep only the words
+    longer than N2 characters.`, or once edited, `fixed longer in lists.py`. data/search.restart, the
+    bootstrap's teacher, restarts from these lines alone."""
     read = [a.path for a in actions if a.name == "read" and not a.error]
     edited = {(a.path, a.function) for a in actions if a.name == "edit" and not a.error}
     seen = "".join(task.files[p] for p in read)
     facts = [f"{f['label']} = {f['value']!r} ({f['file']})" if f["file"] in read else f"{f['label']} in {f['file']}"
              for f in task.facts if f["file"] in read or f"{f['label']}: the value set in {f['file']}" in seen]
-    todo = []
-    for p, f in task.targets:
-        if (p, f) in edited:
-            todo.append(f"fixed {f} in {p}")
-        elif p in read:       # its def line and its docstring's first line, less the note a fact line says
-            m = re.search(rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)',
-                          task.files[p], re.M)
-            todo.append(f"fix {f} in {p}: {m[1]} {m[2]}.")
+    fix = lambda p, f: "fix {} in {}: {} {}.".format(f, p, *re.search(    # the note is a fact line's
+        rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)', task.files[p], re.M).groups())
+    todo = [f"fixed {f} in {p}" if (p, f) in edited else fix(p, f) for p, f in task.targets
+            if p in read or (p, f) in edited]
     return "\n".join(facts + todo) or "nothing read yet"
 
 

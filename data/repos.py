@@ -607,7 +607,7 @@ def oracle(task, r, budget, inline=False):
     summary or a rebuilt context holds (data/search.restart), and this one remembers what it read."""
     seen = dict(task.files) if inline else {}
     reference = solved_files(task)
-    left, fixed = budget, set()
+    left = budget
     pending = [f for _, f in task.targets]
 
     def act(name, payload=""):
@@ -669,7 +669,6 @@ def oracle(task, r, budget, inline=False):
             if ex:
                 yield from act("run", ex.group(1))
         yield from act("edit", f"{path}\n" + definition(reference[path], f))
-        fixed.add(f)
         pending.remove(f)
         if wrong[1:]:
             queue.insert(0, fn)           # this module holds another: back to it before testing
@@ -695,23 +694,22 @@ BOOT_MEMORIES = ("summary", "mask", "window")
 
 
 def _memory(env, ep, tok, name, payload, obs, seq_len):
-    """A long episode's step as its memory sees it (env.Tools.fit on the tokenizer's count, as an episode's
-    would): the context grows, or it passes the threshold and the memory acts: the summary turn (the
-    summary env.summary_text writes, a target; the next segment starts from the fresh context: the
-    prompt, the actions left and that summary), or a rebuilt context (mask, window: the next segment
-    starts from what env.Tools.rebuild kept), or an end (the summary cap, a full context: False). The
-    teacher starts again from the new segment's text alone (search.restart). An observation the harness
-    drops for want of room before a summary is dropped here too, and the summary is blind to its action."""
+    """A long episode's step as its memory sees it (env.Tools.fit on the ids of the transcript's context,
+    counted as encode_doc and an episode count them): the context grows, or it passes the threshold and
+    the memory acts: the summary turn (the summary env.summary_text writes, a target; the next segment
+    starts from the fresh context: the prompt, the actions left and that summary), or a rebuilt context
+    (mask, window: the next segment starts from what env.Tools.rebuild kept), or an end (the summary cap,
+    a full context: False). The teacher starts again from the new segment's text alone (search.restart).
+    An observation the harness drops for want of room before a summary is dropped here too, and the
+    summary is blind to its action."""
     t, tools, e = ep["task"], ep["tools"], ep["e"]
-    act = env.action_ids(tok, name, payload)
-    feed = act[-1:] + tools.feed_ids(tok, obs)          # as env.next_feed: <|end|>, the observation
-    ep["turns"].append(env.action_segments(name, payload) + env.observation_segments(obs))
-    window = seq_len or env.LONG_WINDOW
-    nxt = tools.fit(tok, t, e, env.Turn([], act, []), feed, ep["ctx"] + len(act) - 1, ep["prompt"], window, 0)
+    act, ids = env.action_ids(tok, name, payload), lambda segs: sum(1 if sp else len(tok.encode(x)) for x, _, sp in segs)
+    ep["turns"].append(ep["segs"][-6:])                 # the action and its observation: what a rebuild keeps
+    nxt = tools.fit(tok, t, e, env.Turn([], act, []), act[-1:] + tools.feed_ids(tok, obs), ids(ep["segs"][:-3]) - 1,
+                    tok.encode(tools.prompt(t)), seq_len or env.LONG_WINDOW, 0)    # as env.next_feed: <|end|>, obs
     if nxt is None:                                     # past the summary cap, or the context is full
         return False
     if not nxt[1] and not e.state.pop("summarizing", False):     # the context grows
-        ep["ctx"] += len(act) - 1 + len(nxt[0])
         return True
     head = [(tools.prompt(t), True, False), (env.LEFT.format(tools.max_actions - len(e.actions)), True, False)]
     if nxt[1]:                                          # mask, window: a rebuilt context, all fed
@@ -726,9 +724,7 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
         ep["docs"].append(ep["segs"] + [("<|summary|>", True, True), (text, False, False), ("<|end|>", False, True)])
         e.summaries.append(tok.encode(text) + [tok.tool_ids["<|end|>"]])
         ep["segs"] = head + [("<|summary|>", True, True), (text, True, False), ("<|end|>", True, True)]
-        nxt = tools.fit(tok, t, e, env.Turn([], [], [], summary=True), [], 0, ep["prompt"], window, 0)
-    ep["ctx"], ep["obs"] = len(nxt[0]), None
-    ep["policy"] = search.restart("".join(text for text, _, _ in ep["segs"]), tools.max_actions)
+    ep["obs"], ep["policy"] = None, search.restart("".join(text for text, _, _ in ep["segs"]), tools.max_actions)
     return True
 
 
@@ -760,9 +756,6 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
             search.search(prompt, tools.max_actions) if teacher == "search" else oracle(t, r, tools.max_actions, inline)
         eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
-        if t.kind == "long":
-            eps[-1]["prompt"] = tok.encode(prompt)
-            eps[-1]["ctx"] = len(eps[-1]["prompt"])
 
     def observe(ep, name, payload, obs):      # the transcript's pieces; a long task's memory may act
         ep["segs"] += env.action_segments(name, payload) + (env.observation_segments(obs) if obs is not None else [])

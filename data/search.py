@@ -5,13 +5,13 @@ each tool's answer). It draws nothing: a task gives the same episode every time.
     eps = episodes(tasks, env.Tools(), pool)     # an env.Episode per task, judged by env.hidden_run
 
 The policy greps the failing call's def and reads its module and the modules it imports, while a call
-there disagrees with its docstring (a deleted helper, whose symptom raises NotImplementedError: it greps
-the raise, reads that module and the settings module the docstring names). Its candidate edits undo the
-world's faults (data/repos._mutants) at each site: an operator flipped back, a constant +1, -1 or -2, a
-call's first two arguments swapped, a `not` dropped, another helper called; a deleted helper gets the
-template of the primitive its docstring's phrase names (world.PRIMS), with its settings module's number.
-Cues in the text rank them (_candidates); each is tested alone, kept if more tests pass (or it is cued and
-passes as many), undone if not.
+there disagrees with its docstring. Its candidate edits undo the world's faults (data/repos._mutants) at
+each site: an operator flipped back, a constant +1, -1 or -2, a call's first two arguments swapped, a
+`not` dropped, another helper called. Cues in the text rank them (_candidates); each is tested alone, kept
+if more tests pass (or it is cued and passes as many), undone if not. A deleted helper (its symptom raises
+NotImplementedError; long tasks' too, whose teacher it is, restarted from each fresh context): restart
+greps the raise, reads the stub's module and the settings module its docstring names, and writes the
+template of the primitive the docstring's phrase names (world.PRIMS) with that module's number.
 """
 import builtins
 import re
@@ -55,23 +55,19 @@ def _parts(src):
     return params, doc.group(1).strip().rstrip(".").lower() if doc else "", start
 
 
-def _templates(src, values, label=None):
-    """The bodies a deleted helper's docstring names: the template of each primitive whose phrase it is,
-    its slots the helper's parameters, or (a config note, "N: the value set in F", or a summary's line
-    that names `label` in its place) each number F holds."""
+def _template(src, value=None, label=None):
+    """The body a deleted helper's docstring names: the template of the primitive whose phrase it is, its
+    slots the helper's parameters, or (a config note, "N: the value set in F", or a summary's line that
+    names `label` in its place) `value`, the number F holds; None if no phrase is the docstring's."""
     params, phrase, _ = _parts(src)
     note = re.search(r" \((\w+): the value set in [\w/.]+\)$", phrase)
-    if note:
-        label, phrase = note[1], phrase[:note.start()]
-    out = []
+    label, phrase = (note[1], phrase[:note.start()]) if note else (label, phrase)
     for p in world.PRIMS.values():
         slots = [s for s, _ in p.consts]
         named = {"c": label} if label else dict(zip(slots, params[1:]))
         if (slots == ["c"] if label else len(slots) == len(params) - 1) and p.phrase.format(**named).lower() == phrase:
-            for fill in [{"c": v} for v in values] if label else [named]:
-                code = p.template.format(v=params[0], **fill) + "\nreturn result"
-                out.append("".join("    " + line + "\n" for line in code.split("\n")))
-    return out
+            code = p.template.format(v=params[0], **({"c": value} if label else named)) + "\nreturn result"
+            return "".join("    " + line + "\n" for line in code.split("\n"))
 
 
 def _calls(src):
@@ -149,28 +145,22 @@ def search(prompt, budget=12):
         m = re.match(r"(\d+) passed, (\d+) failed", (yield from act("test")))
         return (int(m[1]), m[2] == "0") if m else (-1, False)
 
+    if "raises NotImplementedError" in prompt:        # a deleted helper: the stubs' teacher (restart)
+        return (yield from restart(prompt, budget))
     entry = re.search(r"`(\w+)\(", prompt)
     entry = entry[1] if entry else ""
-    deleted = "raises NotImplementedError" in prompt
-    hits = yield from act("grep", "raise NotImplementedError" if deleted else f"def {entry}(")
+    hits = yield from act("grep", f"def {entry}(")
     queue = list(dict.fromkeys(re.findall(r"^([\w/.]+\.py):\d+: ", hits, re.M)))
-    while queue and (deleted or not all(f in defs and _cue(defs[f][1], defs) == 2 * len(_calls(defs[f][1]))
-                                        for f in chain([entry]))):
+    while queue and not all(f in defs and _cue(defs[f][1], defs) == 2 * len(_calls(defs[f][1]))
+                            for f in chain([entry])):
         path = queue.pop(0)
         yield from read(path)
         queue += [m + ".py" for m in re.findall(r"^from (\w+) import \*", seen.get(path, ""), re.M)
-                  if not deleted and m + ".py" not in seen and m + ".py" not in queue]
+                  if m + ".py" not in seen and m + ".py" not in queue]
     cands = []
     for f in dict.fromkeys(chain([entry]) + list(defs)):      # the chain first, then what a fix may call
         path, src = defs.get(f, (None, ""))
-        if deleted and "    raise NotImplementedError\n" in src:
-            note = re.search(r"the value set in ([\w/.]+)\)", src)
-            if note:
-                yield from read(note[1])
-            values = re.findall(r"^[A-Z][A-Z0-9_]* = (-?\d+)$", seen.get(note and note[1], ""), re.M)
-            s = src.index("    raise NotImplementedError\n")
-            cands += [(2, f, (s, len(src)), body) for body in _templates(src, [int(v) for v in values])]
-        elif path and not deleted:
+        if path:
             cands += [(score, f, span, r) for score, span, r in _candidates(f, src, defs)]
     cands.sort(key=lambda c: -c[0])                  # stable: the chain's order within a score
     best, good, dirty = 0, False, None               # good: what is kept passes the visible tests
@@ -197,39 +187,38 @@ def search(prompt, budget=12):
 
 
 def restart(context, budget):
-    """The long tasks' teacher (issue 63), a generator like search: built from a context's text alone,
-    and built again from each next one (data/repos.transcripts: after a summary, the issue, the file
-    list, the actions left (env.LEFT) and the summary; after mask's or window's rebuild, what that
-    context shows), so it never acts on what its context no longer holds. Each action follows from the
-    context so far (_next). budget: the actions left where the context does not say them."""
+    """The teacher of tasks of deleted helpers (search's for short ones, the only one for long ones: issue
+    63), a generator like search: built from a context's text alone and, on a long task, built again from
+    each next one (data/repos.transcripts: after a summary, the prompt with the file list, the actions
+    left (env.LEFT) and the summary; after mask's or window's rebuild, what that context shows), so it
+    never acts on what its context no longer holds. Each action follows from the context so far (_next).
+    budget: the actions left, where the context does not say."""
     left = re.search(r"^actions left: (\d+)$", context, re.M)
     left = int(left[1]) if left else budget
-    while True:
-        name, payload = _next(context) if left > 1 else ("submit", "")
-        obs = yield name, payload
-        context += f"<|{name}|>{payload}<|end|><|obs|>{obs}<|/obs|>"
+    while left > 1:                                    # the last action left: a submit
+        name, payload = _next(context)
+        context += f"<|{name}|>{payload}<|end|><|obs|>{(yield name, payload)}<|/obs|>"
         left -= 1
+    yield "submit", ""
 
 
 def _next(context):
-    """A long task's next action from its context's text: the summary's lines (env.summary_text), the
-    reads shown (a stub and the settings module its docstring names; that module's one number), the
-    edits made, the last grep and the last test. It greps the stubs, reads their modules, then each
-    number's module, writes each helper's template with its number, tests and submits."""
-    shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>", context,
-                                                   re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
+    """The next action on a task of deleted helpers, from its context's text: the summary's lines
+    (env.summary_text), the reads shown (a stub, the settings module its docstring names, that module's
+    one number), the edits made, the last grep and test. It greps the stubs, reads their modules, then
+    each number's module, writes each helper's template (with its number), greps again, tests, submits."""
+    shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>",
+                                                   context, re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
     reads = {m[1]: m[2] for m in shown("read")}
     summary = "".join(re.findall(r"<\|summary\|>(.*?)<\|end\|>", context, re.S)[-1:])
-    where = dict(re.findall(r"^(N\d*) in ([\w/.]+)$", summary, re.M))
-    values = {}
-    for label, value, path in re.findall(r"^(N\d*) = (-?\d+) \(([\w/.]+)\)$", summary, re.M):
-        where[label], values[label] = path, int(value)
-    todo = {f: (p, f'def {sig}:\n    """{doc}"""\n')
+    facts = re.findall(r"^(N\d*) = (-?\d+) \(([\w/.]+)\)$", summary, re.M)
+    where = dict(re.findall(r"^(N\d*) in ([\w/.]+)$", summary, re.M)) | {k: p for k, _, p in facts}
+    todo = {f: (p, f'def {sig}:\n    """{doc}"""\n', re.search(r"\b(N\d*)\b", doc))
             for f, p, sig, doc in re.findall(r"^fix (\w+) in ([\w/.]+): (\w+\(.*?\)) (.*)$", summary, re.M)}
     for path, text in reads.items():          # the stubs a read shows, the modules their notes name
         where |= dict(re.findall(r"\((N\d*): the value set in ([\w/.]+)\)", text))
-        todo |= {f: (path, src) for f in re.findall(r"^def (\w+)\(", text, re.M)
-                 if "    raise NotImplementedError\n" in (src := definition(text, f, drop_doc=False))}
+        todo |= {f: (path, src, re.search(r"\((N\d*): the value set in", src)) for f in re.findall(
+            r"^def (\w+)\(", text, re.M) if "    raise NotImplementedError\n" in (src := definition(text, f, False))}
     # each settings module's one number: a read shown, or a note of it, which mask and window keep longer:
     # a grep of its line (`config.py:7: RATE = 3`; under mask, the grep `RATE = 3` right after the read)
     lines = {p: m for p, text in reads.items() if (m := re.search(r"^[A-Z][A-Z0-9_]* = (-?\d+)$", text, re.M))}
@@ -237,20 +226,20 @@ def _next(context):
         r"<\|read\|>([\w/.]+)<\|end\|><\|obs\|>[^<]*<\|/obs\|><\|grep\|>[A-Z][A-Z0-9_]* = (-?\d+)<\|end\|>", context)}
     numbers |= {p: int(v) for m in shown("grep") for p, v in
                 re.findall(r"^([\w/.]+\.py):\d+: [A-Z][A-Z0-9_]* = (-?\d+)$", m[2], re.M)}
-    values |= {label: numbers[p] for label, p in where.items() if p in numbers and label not in values}
+    values = {k: int(v) for k, v, _ in facts} | {k: numbers[p] for k, p in where.items() if p in numbers}
     edits = list(re.finditer(r"<\|edit\|>([\w/.]+)\ndef (\w+)\(", context))
     fixed = set(re.findall(r"^fixed (\w+) in", summary, re.M)) | {m[2] for m in edits}
-    todo = {f: (p, src, re.search(r"\b(N\d*)\b", src)) for f, (p, src) in todo.items() if f not in fixed}
-    for f, (path, src, label) in todo.items():
-        bodies = _templates(src, [values[label[1]]], label[1]) if label and label[1] in values else []
-        if bodies:
-            return "edit", path + "\n" + src.partition("\n")[0] + "\n" + bodies[0]    # its docstring dropped
+    todo = {f: (p, src, label and label[1]) for f, (p, src, label) in todo.items() if f not in fixed}
+    for f, (path, src, label) in todo.items():     # its template, with its number if it names one
+        body = _template(src, values.get(label), label) if label in values or not label else None
+        if body:
+            return "edit", path + "\n" + src.partition("\n")[0] + "\n" + body    # its docstring dropped
     for path, m in lines.items():              # a number whose use no stub or summary line shown says
         if path not in where.values() and f"<|grep|>{m[0]}<|end|>" not in context:
             return "grep", m[0]
     for f, (path, src, label) in todo.items():
-        if label and where.get(label[1]) not in (None, *reads):
-            return "read", where[label[1]]
+        if where.get(label) not in (None, *reads):
+            return "read", where[label]
     greps = [m for m in shown("grep") if m[1] == "raise NotImplementedError"]
     for path in re.findall(r"^([\w/.]+\.py):\d+: ", greps[-1][2] if greps else "", re.M):   # a stub's module
         if path not in reads and path not in {p for p, *_ in todo.values()} and \
