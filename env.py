@@ -483,22 +483,16 @@ def fact_retention(task, e):
     states both the fact's label (N1) and its value, as a whole number (what a later edit must write)."""
     read, actions, n, kept = set(), iter(e.actions), 0, 0
     for t in e.turns:
-        if t.summary:
-            seen = [f for f in task.facts if f["file"] in read]
-            n, kept = n + len(seen), kept + sum(_states(t.text, f) for f in seen)
+        if t.summary:   # the label, within a few characters its value, sign included: 'N1 = 16', 'N1: -3'
+            seen = [f for f in task.facts if f["file"] in read]   # (not 'N1 = 160', 'N1 = -16' for 16)
+            n, kept = n + len(seen), kept + sum(re.search(rf"\b{f['label']}\b[^\d\n-]{{0,6}}(?<![\d-])"
+                                                         rf"{re.escape(str(f['value']))}(?![\d.])", t.text) is not None
+                                                for f in seen)
             continue
         a = next(actions)
         if a.name == "read" and not a.error:
             read.add(a.path)
     return n, kept
-
-
-def _states(text, fact):
-    """Whether a line of text gives fact's label its value: the label, then within a few characters
-    the value as a whole number, sign included ('N1 = 16' and 'N1: -3'; not 'N1 = 160', 'N1 = -16' for
-    16, nor 'N1 = 7, N2 = 16')."""
-    value = re.escape(str(fact["value"]))
-    return re.search(rf"\b{fact['label']}\b[^\d\n-]{{0,6}}(?<![\d-]){value}(?![\d.])", text) is not None
 
 
 def summary_ids(tok, tokens, e):
@@ -586,8 +580,7 @@ class Tools:
         self.max_turns = max_actions + self.max_summaries          # a summary turn is not an action
 
     def prompt(self, task):
-        # under a memory, the file list too: every memory's fresh context keeps it (a path to read, found
-        # before the summary, need not be in it)
+        # under a memory, the file list too: each fresh context keeps it (and every path a read may name)
         listed = "# Files\n" + " ".join(sorted(task.files)) + "\n" if self.memory else ""
         return render_issue(task, sorted(task.files) if self.inline else ()) + listed
 
@@ -637,11 +630,10 @@ class Tools:
         return feed + [tok.tool_ids["<|summary|>"]], False, limit
 
     def rebuild(self, tok, e, prompt, budget):
-        """mask's and window's fresh context: `prompt` (fit's head: the prompt, the actions left), then the
-        latest turns that fit in `budget` tokens, oldest dropped first. window: each turn whole (the
-        agent's action and what it was answered); mask: every action whole, each observation but the last
-        replaced by MASKED (JetBrains' observation masking, arXiv 2508.21433). e.state["context"]: which
-        turns it holds, and masked."""
+        """mask's and window's fresh context: `prompt` (fit's head), then the latest turns that fit in
+        `budget` tokens, oldest dropped first. window: each turn whole (the agent's action and what it was
+        answered); mask: every action whole, each observation but the last replaced by MASKED (JetBrains'
+        observation masking, arXiv 2508.21433). e.state["context"]: which turns it holds, and masked."""
         pieces, dropped = e.state["stream"], self.feed_ids(tok, MASKED)
         kept, held, n = [], [], len(prompt)
         for i in range(len(pieces) - 1, -1, -1):

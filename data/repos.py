@@ -616,10 +616,8 @@ def oracle(task, r, budget, inline=False):
         return (yield name, payload)
 
     def where(fn):                       # find fn's module: read, else grep for its def
-        for p, text in seen.items():
-            if re.search(rf"^def {fn}\(", text, re.M):
-                return p
-        return _grep_path((yield from act("grep", f"def {fn}(")))
+        return next((p for p, text in seen.items() if re.search(rf"^def {fn}\(", text, re.M)), None) or \
+            _grep_path((yield from act("grep", f"def {fn}(")))
 
     def read(p):
         if p not in seen:

@@ -157,11 +157,8 @@ def search(prompt, budget=12):
         yield from read(path)
         queue += [m + ".py" for m in re.findall(r"^from (\w+) import \*", seen.get(path, ""), re.M)
                   if m + ".py" not in seen and m + ".py" not in queue]
-    cands = []
-    for f in dict.fromkeys(chain([entry]) + list(defs)):      # the chain first, then what a fix may call
-        path, src = defs.get(f, (None, ""))
-        if path:
-            cands += [(score, f, span, r) for score, span, r in _candidates(f, src, defs)]
+    cands = [(score, f, span, r) for f in dict.fromkeys(chain([entry]) + list(defs)) if f in defs   # the chain
+             for score, span, r in _candidates(f, defs[f][1], defs)]           # first, then what a fix may call
     cands.sort(key=lambda c: -c[0])                  # stable: the chain's order within a score
     best, good, dirty = 0, False, None               # good: what is kept passes the visible tests
     # one at a time; once the tests pass, only cued ones (the visible tests may miss a second fault)

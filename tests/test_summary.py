@@ -57,9 +57,10 @@ def test_no_long_task_fits_the_window_and_a_whole_episode_needs_far_more(tok, lo
         assert len(tok.encode(env.render_issue(t))) + reads > env.LONG_WINDOW - 96
     need = sorted(full_context_tokens(long_tasks, pool, tok))
     assert need[len(need) // 2] >= 1.5 * env.LONG_WINDOW
-    v = -7
-    fact = {"label": "N1", "value": v}
-    assert env._states(f"N1 = {v}", fact) and not env._states(f"N1 = {-v}", fact)
+    task = dataclasses.replace(long_tasks[0], facts=[{"file": "a.py", "label": "N1", "value": -7}])
+    kept = lambda text: env.fact_retention(task, env.Episode(0, [env.Turn([], [], []), env.Turn(
+        [], [], [], text, summary=True)], actions=[env.Action("read", "a.py")]))
+    assert kept("N1 = -7") == kept("N1: -7 (a.py)") == (1, 1) and kept("N1 = 7") == kept("N1 = -70") == (1, 0)
 
 
 def test_the_agent_stream_keeps_each_index_whatever_its_start():
