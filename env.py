@@ -461,10 +461,9 @@ def run_report(result):
 # Self-summarization (Composer 2): a long episode is a chain of generations joined by summaries the
 # model writes itself. When an episode's context passes a threshold (summary_at, drawn per task), the
 # harness feeds the request <|summary|> after the observation; the model writes a summary of at most
-# SUMMARY_TOKENS, closed by <|end|>, and the episode goes on from a fresh context: the issue, the file
-# list, the actions left (LEFT) and the latest summary (the model's own sampled ids, fed): one state
-# to restart from, as MEM1 keeps, not every summary so far. The reward at the chain's end reaches every
-# segment (rl.algo.segments), so RL reinforces summaries that keep what the rest of the episode needs.
+# SUMMARY_TOKENS, closed by <|end|>, and the episode goes on from a fresh context: the prompt, the actions
+# left (LEFT) and the latest summary alone (as sampled, fed: one state, as MEM1 keeps). The reward at the
+# chain's end reaches every segment (rl.algo.segments): RL reinforces summaries that keep what it needs.
 SUMMARY_TOKENS = 96       # a summary's cap: summary_text's state of two numbers and two functions fits
 LEFT = "actions left: {}\n"   # after the prompt in every fresh context (summary, mask, window, oracle)
 SUMMARY_MIN = 16          # fewer tokens left in the window: the request comes without the observation
@@ -517,12 +516,12 @@ REBUILD_ROOM = 128        # what a rebuilt context leaves of the window for the 
 
 
 def summary_text(task, actions):
-    """The summary a long task needs, a state to restart from, written by the harness (memory "oracle")
-    and by the bootstrap from what the episode's actions read and edited: each needed number read, `N1 =
-    3 (config.py)`; each one a file read places, `N2 in constants.py`; each function to fix whose module
-    was read, its signature and docstring line, `fix longer in lists.py: longer(words) Keep only the words
-    longer than N2 characters.`, or once edited, `fixed longer in lists.py`. data/search.restart, the
-    bootstrap's teacher, restarts from these lines alone."""
+    """The summary a long task needs, a state to restart from (data/search.restart, the bootstrap's
+    teacher, goes on from its lines alone), written by the harness (memory "oracle") and the bootstrap
+    from the episode's reads and edits: each needed number read, `N1 = 3 (config.py)`; each one a file
+    read places, `N2 in constants.py`; each function to fix whose module was read, its signature and
+    docstring line, `fix longer in lists.py: longer(words) Keep only the words longer than N2 characters.`,
+    or once edited, `fixed longer in lists.py`."""
     read = [a.path for a in actions if a.name == "read" and not a.error]
     edited = {(a.path, a.function) for a in actions if a.name == "edit" and not a.error}
     seen = "".join(task.files[p] for p in read)

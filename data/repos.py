@@ -591,8 +591,7 @@ def _calls(text, name):
 
 def _frame(text):
     """The last frame a traceback names: (file, function), or None."""
-    frames = re.findall(r'File "([\w/]+\.py)", line \d+, in (\w+)', text)
-    return frames[-1] if frames else None
+    return (re.findall(r'File "([\w/]+\.py)", line \d+, in (\w+)', text) or [None])[-1]
 
 
 def oracle(task, r, budget, inline=False):
@@ -600,15 +599,13 @@ def oracle(task, r, budget, inline=False):
     It knows the reference (task.fixed), not where the fault is: it finds the entry point's module by
     grep, reads it, follows its calls (grep, read, sometimes a run of a helper's docstring example), and
     edits a function when what it read differs from the reference; after an edit it tests and goes on
-    while a test fails. deleted / config / long: the symptom's traceback (a run of the failing call)
-    often names the file and function at once; a docstring that names a settings module sends it
-    there first. With every file inlined (the oracle baseline's format) it reads nothing. At most
-    `budget` actions, submit included. Short tasks only: a long task's teacher must restart from what a
-    summary or a rebuilt context holds (data/search.restart), and this one remembers what it read."""
+    while a test fails. deleted / config: the symptom's traceback (a run of the failing call) often
+    names the file and function at once; a docstring that names a settings module sends it there first.
+    With every file inlined (the oracle baseline's format) it reads nothing. At most `budget` actions,
+    submit included. Short tasks only: it remembers what it read (a long task's: search.restart)."""
     seen = dict(task.files) if inline else {}
-    reference = solved_files(task)
-    left = budget
-    pending = [f for _, f in task.targets]
+    reference, call = solved_files(task), re.match(r"`(.*?)`", task.issue).group(1)     # the failing call
+    left, pending = budget, [f for _, f in task.targets]
 
     def act(name, payload=""):
         nonlocal left
@@ -629,8 +626,7 @@ def oracle(task, r, budget, inline=False):
         yield from act("test")
     elif opening < 0.45:
         yield from act("ls")
-    if task.kind in ("deleted", "config", "long") and r.random() < 0.7:
-        call = re.match(r"`(.*?)`", task.issue).group(1)
+    if task.kind in ("deleted", "config") and r.random() < 0.7:
         frame = _frame((yield from act("run", call)))
         queue = [frame[1]] if frame else [task.entry_point]
     else:
@@ -652,20 +648,17 @@ def oracle(task, r, budget, inline=False):
         here = [fn] + [q for q in queue if re.search(rf"^def {q}\(", text, re.M)]
         wrong = [f for f in here if f in pending]
         if not wrong:
-            if r.random() < 0.25 and left > 5 and ">>> " in text:     # try a helper that turns out right
-                ex = re.search(rf">>> ({fn}\(.*\))$", text, re.M)
-                if ex:
-                    yield from act("run", ex.group(1))
+            if r.random() < 0.25 and left > 5 and ">>> " in text and \
+                    (ex := re.search(rf">>> ({fn}\(.*\))$", text, re.M)):   # try a helper that turns out right
+                yield from act("run", ex.group(1))
             continue
         f = wrong[0]
         done.add(f)
         for fact in task.facts:          # the docstring names the module that holds the number
             if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False):
                 yield from read(fact["file"])
-        if r.random() < 0.3 and left > 5:
-            ex = re.search(rf">>> ({f}\(.*\))$", text, re.M)
-            if ex:
-                yield from act("run", ex.group(1))
+        if r.random() < 0.3 and left > 5 and (ex := re.search(rf">>> ({f}\(.*\))$", text, re.M)):
+            yield from act("run", ex.group(1))
         yield from act("edit", f"{path}\n" + definition(reference[path], f))
         pending.remove(f)
         if wrong[1:]:
@@ -676,9 +669,8 @@ def oracle(task, r, budget, inline=False):
         if report.split("\n")[0].endswith(" 0 failed"):
             break
         failing = re.search(r"^test_\w+: (.*)$", report, re.M)
-        if failing and "Error" in failing.group(1).split(":")[0] and left > 3:
-            call = re.match(r"`(.*?)`", task.issue).group(1)   # where does it raise? the traceback says
-            frame = _frame((yield from act("run", call)))
+        if failing and "Error" in failing.group(1).split(":")[0] and left > 3:   # where does it raise?
+            frame = _frame((yield from act("run", call)))       # the traceback says
             if frame and frame[1] not in done:
                 queue.insert(0, frame[1])
     yield "submit", ""
@@ -692,14 +684,12 @@ BOOT_MEMORIES = ("summary", "mask", "window")
 
 
 def _memory(env, ep, tok, name, payload, obs, seq_len):
-    """A long episode's step as its memory sees it (env.Tools.fit on the ids of the transcript's context,
-    counted as encode_doc and an episode count them): the context grows, or it passes the threshold and
-    the memory acts: the summary turn (the summary env.summary_text writes, a target; the next segment
-    starts from the fresh context: the prompt, the actions left and that summary), or a rebuilt context
-    (mask, window: the next segment starts from what env.Tools.rebuild kept), or an end (the summary cap,
-    a full context: False). The teacher starts again from the new segment's text alone (search.restart).
-    An observation the harness drops for want of room before a summary is dropped here too, and the
-    summary is blind to its action."""
+    """A long episode's step as its memory sees it (env.Tools.fit on the context's ids, counted as
+    encode_doc counts them): the context grows, or the memory acts past the threshold: the summary turn
+    (env.summary_text's summary a target, then the fresh context: the prompt, the actions left, that
+    summary), a rebuilt context (mask, window), or an end (the summary cap, a full context: False); the
+    teacher starts again from the new segment's text alone (search.restart). An observation the harness
+    drops for want of room before a summary is dropped here too; the summary is blind to its action."""
     t, tools, e = ep["task"], ep["tools"], ep["e"]
     act, ids = env.action_ids(tok, name, payload), lambda segs: sum(1 if sp else len(tok.encode(x)) for x, _, sp in segs)
     ep["turns"].append(ep["segs"][-6:])                 # the action and its observation: what a rebuild keeps
@@ -727,20 +717,15 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
 
 
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",), teacher="search"):
-    """One or more Transcripts per task: a teacher's episode through env.Tools itself, every episode of
-    the batch stepped together so that each step's sandbox runs (tests, runs) go to `pool` in one batch,
-    and ended, as the harness ends it, by a submit or the step limit. teacher, of the short tasks:
-    "search" (data/search.py: a policy on the issue and the observations alone, its recoveries
-    included), or "oracle", a share (ORACLE_FRAC) from every file inlined (eval.py's oracle baseline's
-    format). A long task's teacher is search.restart, whatever `teacher`. Each Transcript's `actions`
-    counts its actions and those naming what its context does not hold (search.unpredictable); its
-    `episode` is its episode's env.Episode (actions, final repository, end "submit" or "step_limit").
-    A long task's episode runs in the harness of one of `memories`, drawn per task (env.long_tools;
-    None: the whole context), which says where the context passes its threshold: tok counts it as an
-    episode's would, in a model of seq_len positions (None: the window's). Its episode is one Transcript
-    per segment: with the summary turn, the first ends on its summary (env.summary_text), the next
-    starts from the fresh context (the prompt, the actions left and that summary, context like the
-    observations); with mask and window, the next starts from the context the harness rebuilt."""
+    """One or more Transcripts per task: a teacher's episode through env.Tools itself (search.drive: the
+    batch's sandbox runs together; a submit or the step limit ends it). teacher of the short tasks:
+    "search" (data/search.py: the issue and the observations alone, its recoveries included) or
+    "oracle", a share (ORACLE_FRAC) from every file inlined; of the long ones, search.restart. A
+    Transcript's `actions`: its actions and those naming what its context lacks (search.unpredictable);
+    `episode`: its env.Episode. A long task runs in the harness of one of `memories`, drawn per task
+    (env.long_tools; None: the whole context), its tokens counted by tok in a model of seq_len positions
+    (None: the window's), a Transcript per segment (_memory): the first ends on its summary, the next
+    starts from the fresh context; or from the context mask or window rebuilt."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
     for t in tasks:

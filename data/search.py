@@ -8,10 +8,8 @@ The policy greps the failing call's def and reads its module and the modules it 
 there disagrees with its docstring. Its candidate edits undo the world's faults (data/repos._mutants) at
 each site: an operator flipped back, a constant +1, -1 or -2, a call's first two arguments swapped, a
 `not` dropped, another helper called. Cues in the text rank them (_candidates); each is tested alone, kept
-if more tests pass (or it is cued and passes as many), undone if not. A deleted helper (its symptom raises
-NotImplementedError; long tasks' too, whose teacher it is, restarted from each fresh context): restart
-greps the raise, reads the stub's module and the settings module its docstring names, and writes the
-template of the primitive the docstring's phrase names (world.PRIMS) with that module's number.
+if more tests pass (or it is cued and passes as many), undone if not. A task of deleted helpers (its
+symptom raises NotImplementedError) goes to restart, the long tasks' teacher too.
 """
 import builtins
 import re
@@ -33,12 +31,7 @@ OP_WORDS = {">": ("greater", "larger", "largest", "longer", "more than"), "<": (
 def definition(text, name, drop_doc=True):
     """Function `name`'s whole `def` in a module's text, read line by line (an observation may be cut
     in the middle: no parse), its docstring dropped (what an edit writes); StopIteration if absent."""
-    lines = text.split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
-    end = start + 1
-    while end < len(lines) and (not lines[end] or lines[end][0] in " \t"):
-        end += 1
-    block = lines[start:end]
+    block = next(re.finditer(rf"^def {name}\(.*(?:\n(?:[ \t].*)?)*", text, re.M))[0].split("\n")   # + indented
     if drop_doc and len(block) > 1 and block[1].strip().startswith('"""'):
         one = block[1].strip()
         close = 1 if len(one) > 3 and one.endswith('"""') else \
@@ -57,8 +50,8 @@ def _parts(src):
 
 def _template(src, value=None, label=None):
     """The body a deleted helper's docstring names: the template of the primitive whose phrase it is, its
-    slots the helper's parameters, or (a config note, "N: the value set in F", or a summary's line that
-    names `label` in its place) `value`, the number F holds; None if no phrase is the docstring's."""
+    slots the helper's parameters, or for a config note ("N: the value set in F"; `label`, where a
+    summary's line names it in its place), `value` (the number F holds). None: no phrase matches."""
     params, phrase, _ = _parts(src)
     note = re.search(r" \((\w+): the value set in [\w/.]+\)$", phrase)
     label, phrase = (note[1], phrase[:note.start()]) if note else (label, phrase)
@@ -184,14 +177,12 @@ def search(prompt, budget=12):
 
 
 def restart(context, budget):
-    """The teacher of tasks of deleted helpers (search's for short ones, the only one for long ones: issue
-    63), a generator like search: built from a context's text alone and, on a long task, built again from
-    each next one (data/repos.transcripts: after a summary, the prompt with the file list, the actions
-    left (env.LEFT) and the summary; after mask's or window's rebuild, what that context shows), so it
-    never acts on what its context no longer holds. Each action follows from the context so far (_next).
-    budget: the actions left, where the context does not say."""
-    left = re.search(r"^actions left: (\d+)$", context, re.M)
-    left = int(left[1]) if left else budget
+    """The teacher of tasks of deleted helpers (the search's; a long task's, issue 63), a generator like
+    search, built from a context's text alone and, on a long task, again from each next one (repos
+    transcripts: after a summary, the prompt, the actions left (env.LEFT) and the summary; after mask's or
+    window's rebuild, what it shows): it never acts on what its context no longer holds. Each action
+    follows from the context so far (_next); budget: the actions left, where the context does not say."""
+    left = next((int(m[1]) for m in re.finditer(r"^actions left: (\d+)$", context, re.M)), budget)
     while left > 1:                                    # the last action left: a submit
         name, payload = _next(context)
         context += f"<|{name}|>{payload}<|end|><|obs|>{(yield name, payload)}<|/obs|>"
@@ -200,10 +191,9 @@ def restart(context, budget):
 
 
 def _next(context):
-    """The next action on a task of deleted helpers, from its context's text: the summary's lines
-    (env.summary_text), the reads shown (a stub, the settings module its docstring names, that module's
-    one number), the edits made, the last grep and test. It greps the stubs, reads their modules, then
-    each number's module, writes each helper's template (with its number), greps again, tests, submits."""
+    """The next action on a task of deleted helpers, read off its context's text (the summary's lines, the
+    reads shown: stubs, notes, numbers; the edits, the last grep and test): grep the stubs, read their
+    modules, then each number's, write each helper's template, grep again, test, submit."""
     shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>",
                                                    context, re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
     reads = {m[1]: m[2] for m in shown("read")}
@@ -250,8 +240,7 @@ def _next(context):
 
 def episodes(tasks, tools, pool, policy=search):
     """Each task's episode of `policy` through `tools` (env.Tools: the agent's actions and step limit),
-    stepped together (drive), and judged as the agent's (tools.finish: env.hidden_run on the final
-    repository; no submit within the step limit fails)."""
+    stepped together (drive), judged as the agent's (tools.finish: no submit within the limit fails)."""
     eps = [{"task": t, "tools": tools, "e": env.Episode(i), "policy": policy(tools.prompt(t), tools.max_actions)}
            for i, t in enumerate(tasks)]
     drive(eps, pool)
@@ -260,11 +249,11 @@ def episodes(tasks, tools, pool, policy=search):
 
 
 def drive(eps, pool, observe=lambda ep, name, payload, obs: True):
-    """Episodes stepped together, so that a step's sandbox runs go to `pool` in one batch: each a dict of
-    its task, tools (env.Tools), e (env.Episode) and policy (a generator sent each observation, ep["obs"]),
-    taken as env.Tools.step takes a model's actions: a refused action is an observation, every action
-    counts, every observation is capped, a submit or the step limit ends the episode. observe(ep, name,
-    payload, obs) sees each action and its observation (None: the episode is over) and may end it (False)."""
+    """Episodes stepped together, a step's sandbox runs to `pool` in one batch: dicts of a task, tools
+    (env.Tools), e (env.Episode) and policy (a generator sent each observation, ep["obs"]), whose actions
+    are taken as env.Tools.step takes a model's (a refused one is an observation, each counts, every
+    observation is capped, a submit or the step limit ends it). observe(ep, name, payload, obs) sees each
+    action and its observation (None: the episode is over) and may end it (False)."""
     for ep in eps:
         ep["tools"].start(ep["task"], ep["e"])
     live = list(eps)
