@@ -527,10 +527,10 @@ def summary_text(task, actions):
     seen = "".join(task.files[p] for p in read)
     facts = [f"{f['label']} = {f['value']!r} ({f['file']})" if f["file"] in read else f"{f['label']} in {f['file']}"
              for f in task.facts if f["file"] in read or f"{f['label']}: the value set in {f['file']}" in seen]
-    fix = lambda p, f: "fix {} in {}: {} {}.".format(f, p, *re.search(    # the note is a fact line's
-        rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)', task.files[p], re.M).groups())
-    todo = [f"fixed {f} in {p}" if (p, f) in edited else fix(p, f) for p, f in task.targets
-            if p in read or (p, f) in edited]
+    doc = lambda p, f: re.search(rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)',
+                                 task.files[p], re.M)     # its def line and docstring line, less the note
+    todo = [f"fixed {f} in {p}" if (p, f) in edited else "fix {} in {}: {} {}.".format(f, p, *doc(p, f).groups())
+            for p, f in task.targets if p in read or (p, f) in edited]
     return "\n".join(facts + todo) or "nothing read yet"
 
 

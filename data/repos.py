@@ -691,7 +691,7 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
     teacher starts again from the new segment's text alone (search.restart). An observation the harness
     drops for want of room before a summary is dropped here too; the summary is blind to its action."""
     t, tools, e = ep["task"], ep["tools"], ep["e"]
-    act, ids = env.action_ids(tok, name, payload), lambda segs: sum(1 if sp else len(tok.encode(x)) for x, _, sp in segs)
+    act, ids = env.action_ids(tok, name, payload), lambda segs: sum(1 if s else len(tok.encode(x)) for x, _, s in segs)
     ep["turns"].append(ep["segs"][-6:])                 # the action and its observation: what a rebuild keeps
     nxt = tools.fit(tok, t, e, env.Turn([], act, []), act[-1:] + tools.feed_ids(tok, obs), ids(ep["segs"][:-3]) - 1,
                     tok.encode(tools.prompt(t)), seq_len or env.LONG_WINDOW, 0)    # as env.next_feed: <|end|>, obs
@@ -735,8 +735,8 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
         prompt = tools.prompt(t)
-        policy = search.restart(prompt, tools.max_actions) if t.kind == "long" else \
-            search.search(prompt, tools.max_actions) if teacher == "search" else oracle(t, r, tools.max_actions, inline)
+        policy = search.restart(prompt, tools.max_actions) if t.kind == "long" else oracle(
+            t, r, tools.max_actions, inline) if teacher == "oracle" else search.search(prompt, tools.max_actions)
         eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
 

@@ -194,8 +194,8 @@ def _next(context):
     """The next action on a task of deleted helpers, read off its context's text (the summary's lines, the
     reads shown: stubs, notes, numbers; the edits, the last grep and test): grep the stubs, read their
     modules, then each number's, write each helper's template, grep again, test, submit."""
-    shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>",
-                                                   context, re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
+    shown = lambda action: [m for m in re.finditer(rf"<\|{action}\|>(.*?)<\|end\|><\|obs\|>(.*?)<\|/obs\|>", context,
+                                                   re.S) if m[2] != env.MASKED and not m[2].startswith("error")]
     reads = {m[1]: m[2] for m in shown("read")}
     summary = "".join(re.findall(r"<\|summary\|>(.*?)<\|end\|>", context, re.S)[-1:])
     facts = re.findall(r"^(N\d*) = (-?\d+) \(([\w/.]+)\)$", summary, re.M)
