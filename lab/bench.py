@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from unittest import mock
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
 import torch  # noqa: E402
@@ -282,13 +283,10 @@ def bench_generation(quick, device=CPU):
 
     def rl_sampling(fused=True, loop=None):   # fused: sampling.FUSED; loop: sampling.EPISODES (None: as set)
         g.manual_seed(2)
-        before = sampling.FUSED, sampling.EPISODES
-        sampling.FUSED, sampling.EPISODES = fused, loop or before[1]
-        try:   # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
+        # one-turn episodes of the loop RL samples in; the sandbox judges them after the batch
+        with mock.patch.multiple(sampling, FUSED=fused, EPISODES=loop or sampling.EPISODES):
             eps = env.run_episodes(model, tok, prompt_tasks, 8, env.Feedback(1), pool, temperature=1.0,
-                                      max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
-        finally:
-            sampling.FUSED, sampling.EPISODES = before
+                                   max_new_tokens=96, batch_size=128, return_routes=True, generator=g)
         return sum(len(e.turns[0].tokens) for e in eps)
     forward()   # warm-up
     arms = [("forward", forward), ("forward_1thread", forward_1thread), ("rl", rl_sampling), ("rl_continuous", lambda: rl_sampling(loop="continuous")),
@@ -468,11 +466,11 @@ def bench_step(quick, device=CPU):
     cfg = model_mod.GPTConfig(vocab_size=4096, n_layer=4, n_embd=128, n_head=4, n_kv_head=2, n_expert=8, top_k=2,
                               n_shared_expert=1, expert_hidden=128, n_dense_layers=1, balance="bias", seq_len=256)
     model = model_mod.GPT(cfg).to(device).eval()
-    P, g, out, worst, before = 130, torch.Generator().manual_seed(0), {}, 0.0, (sampling.FUSED, sampling.DENSE_ROWS)
-    try:
-        sampling.FUSED = False          # each arm's step, its weights prepared once (as a generate call does)
+    P, g, out, worst = 130, torch.Generator().manual_seed(0), {}, 0.0
+    # each arm's step, its weights prepared once (as a generate call does); DENSE_ROWS: set per arm
+    with mock.patch.multiple(sampling, FUSED=False, DENSE_ROWS=sampling.DENSE_ROWS):
         ref, fused = sampling.decoder(model), sampling.fused_step(model)
-        arms = {"reference": (ref, 0), "fused": (fused, before[1]), "fused_sparse": (fused, 0)}   # step, DENSE_ROWS
+        arms = {"reference": (ref, 0), "fused": (fused, sampling.DENSE_ROWS), "fused_sparse": (fused, 0)}
         with torch.no_grad(), on_device(device, 1):
             for rows in (1, 4, 16, 64):
                 cache = sampling.KVCache(cfg.n_layer, 256)
@@ -494,8 +492,6 @@ def bench_step(quick, device=CPU):
                 print(f"  {rows:2d} rows: trunk + LM head {out[f'step_ms_reference_{rows}rows']:.2f} ms, fused "
                       f"{out[f'step_ms_fused_{rows}rows']:.2f} ms (without the dense experts "
                       f"{out[f'step_ms_fused_sparse_{rows}rows']:.2f})", flush=True)
-    finally:
-        sampling.FUSED, sampling.DENSE_ROWS = before
     print(f"  largest logit difference fused vs reference: {worst:.1e}", flush=True)
     return {**out, "fused_max_abs_diff": worst}
 
@@ -534,21 +530,18 @@ def bench_speculative(quick, device=CPU, ckpt="runs/cpu/mtp/ckpt.pt"):
         """Wall and CPU seconds of each batch (a seed per batch: every repetition samples the same
         tokens) and its tokens. CPU seconds (this process's) do not count the time other processes
         take the cores from it: the steadier figure on a shared machine."""
-        before, sampling.SPECULATIVE = sampling.SPECULATIVE, speculative.generate if spec else None
-        try:
+        with mock.patch.object(sampling, "SPECULATIVE", speculative.generate if spec else None):
             secs, toks = [], []
             for i, rows in enumerate(batches):
                 g = torch.Generator(device).manual_seed(i)
                 sync(device)
                 t0, c0 = time.perf_counter(), time.process_time()
                 outs = sampling.generate(model, rows, n_new, temperature=temperature, stop_ids=[tok.eot_id],
-                                               generator=g, **({"stats": stats} if stats is not None else {}))
+                                         generator=g, **({"stats": stats} if stats is not None else {}))
                 sync(device)
                 secs.append((time.perf_counter() - t0, time.process_time() - c0))
                 toks.append([o["tokens"] for o in outs])
             return secs, toks
-        finally:
-            sampling.SPECULATIVE = before
     one, rl = [[p] for p in prompts], [[p for p in rl_prompts for _ in range(8)]]
     arms = [(0.8, one), (0.0, one), (1.0, rl)]
     run(True, 0.8, one[:1])   # warm-up
@@ -623,12 +616,9 @@ def bench_episodes(quick, device=CPU, ckpt="runs/agent-cpu/boot/ckpt.pt"):
     with SandboxPool(timeout_s=1.0) as pool:
         def episodes(mode):
             g.manual_seed(3)
-            before, sampling.EPISODES = sampling.EPISODES, mode
-            try:
+            with mock.patch.object(sampling, "EPISODES", mode):
                 eps = env.run_episodes(model, tok, tasks, 8, tools, pool, 1.0, 96, batch_size=64, generator=g,
                                        return_routes=True)
-            finally:
-                sampling.EPISODES = before
             return sum(len(t.tokens) for e in eps for t in e.turns), sum(len(e.turns) for e in eps)
 
         def single(per_row):
@@ -686,16 +676,12 @@ def episodes_profile(run, env, sampling):
         with lock:
             spent["prefill_ids"] += sum(len(ids) for ids, _ in self.queued.values())
         return timed_call("prefill_s", real["prefill"], self)
-    sampling.Rows.step, sampling.Rows.prefill = step, prefill
-    env.Tools.step = lambda self, *a: timed_call("tools_s", real["tools"], self, *a)
-    streams, sampling.STREAMS = sampling.STREAMS, 1
-    try:
-        t0 = time.perf_counter()
-        run()
-        spent["wall_s"] = time.perf_counter() - t0
-    finally:
-        sampling.Rows.step, sampling.Rows.prefill, env.Tools.step = real["step"], real["prefill"], real["tools"]
-        sampling.STREAMS = streams
+
+    def tools(self, *a):
+        return timed_call("tools_s", real["tools"], self, *a)
+    with mock.patch.multiple(sampling.Rows, step=step, prefill=prefill), \
+            mock.patch.object(env.Tools, "step", tools), mock.patch.object(sampling, "STREAMS", 1):
+        spent["wall_s"] = timed(run)[1]
     spent["decode_s"] -= spent["prefill_s"]          # step's time includes its prefill
     spent["other_s"] = spent["wall_s"] - spent["decode_s"] - spent["prefill_s"] - spent["tools_s"]
     return spent
