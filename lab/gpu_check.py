@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import warnings
+from unittest import mock
 
 import torch
 
@@ -224,15 +225,12 @@ def grouped_vs_loop(device, dtype, E=8, D=64, H=64, N=192, k=2, seed=0):
     routes = routes.to(device)
 
     def run(path):
-        old, MoE.dispatch = MoE.dispatch, path
-        try:
-            moe.zero_grad(set_to_none=True)
-            xi = x.clone().requires_grad_()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-                y, _ = moe(xi, route=routes, track=False)
-            (y.float() * r).sum().backward()
-        finally:
-            MoE.dispatch = old
+        moe.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        with mock.patch.object(MoE, "dispatch", path), \
+                torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            y, _ = moe(xi, route=routes, track=False)
+        (y.float() * r).sum().backward()
         return [y.detach(), xi.grad, moe.router.weight.grad, moe.w1.grad, moe.w2.grad]
     got, want = run("grouped"), run("sorted")
     errs = [rel_err(a, b) for a, b in zip(got[:3], want[:3])]
@@ -310,14 +308,11 @@ def gpu_check_episodes(ckpt, device):
     out, rate = {}, {}
     with SandboxPool(workers=2 if not cuda else None, timeout_s=1.0) as pool:
         for loop in ("turns", "continuous", "turns", "continuous"):     # the first two warm up
-            before, sampling.EPISODES = sampling.EPISODES, loop
-            try:
+            with mock.patch.object(sampling, "EPISODES", loop):
                 run = lambda: env.run_episodes(model, tok, tasks, n, env.Feedback(3), pool, 1.0, new,  # noqa: E731
                                                batch_size=128, return_routes=True,
                                                generator=torch.Generator(device).manual_seed(0))
                 eps, dt = timed(run, device)
-            finally:
-                sampling.EPISODES = before
             out[loop], rate[loop] = eps, sum(len(t.tokens) for e in eps for t in e.turns) / dt
     same = sum([t.tokens for t in a.turns] == [t.tokens for t in b.turns]
                for a, b in zip(out["turns"], out["continuous"])) / len(out["turns"])
