@@ -563,8 +563,8 @@ class Tools:
     max_actions, max_errors: an episode ends at either (a step limit, a limit on format errors).
     memory: how an episode goes on when its context passes the threshold of its window of tokens
     (summary_at): None, it goes on until the model's context is full, then ends; "summary", the
-    summary turn, at most max_summaries times (then it ends: "summary_cap"; 5: the oracle policy's
-    long episodes need up to 5 in a 640-token window, 3 left 12 of 40 without a submit); "mask" and
+    summary turn, at most max_summaries times (then it ends: "summary_cap"; 5: the bootstrap's teacher
+    needs up to 3 in a 640-token window as the cpu preset counts, 5 with a coarser tokenizer); "mask" and
     "window", the context is rebuilt (rebuild); "oracle", the harness writes the summary (eval's
     ceiling)."""
     stop_tokens = ("<|end|>",)
