@@ -131,10 +131,8 @@ class KVCache:
         for i in range(min(n_layer, len(self.k))):
             self.k[i] = past[0].new_zeros(len(past), H, self.max_len, D)
             self.v[i] = past[0].new_zeros(len(past), H, self.max_len, D)
-        for b, p in enumerate(past):
-            for i in range(min(n_layer, len(self.k))):
-                cols = slice(end - p.size(3), end)
-                self.k[i][b, :, cols], self.v[i][b, :, cols] = p[i, 0], p[i, 1]
+            for b, p in enumerate(past):
+                self.k[i][b, :, end - p.size(3):end], self.v[i][b, :, end - p.size(3):end] = p[i, 0], p[i, 1]
         self.pos = end
 
     def take(self, row, cols):   # one row's keys/values at the given columns, for fill()
@@ -193,12 +191,10 @@ def prefill(model, prompts, past, room, n_layers):
     valid = torch.ones(len(uniq), A + L + room, dtype=torch.bool, device=dev)
     valid[:, :A + L] = (col >= start) | ((col >= A - n_past[:, None]) & (col < A))
     cache = KVCache(n_layers, A + L + room)
-    mask = None
     if A:
         cache.fill([past[first[w]].to(dev) for w in range(len(uniq))], A)
     # causal AND key is a real token; a pad query attends to itself (no empty rows -> no NaN)
-    if not bool(valid.all()) or A:
-        mask = attention_mask(valid, A, L)
+    mask = attention_mask(valid, A, L) if not bool(valid.all()) or A else None
     pos = (col[:, A:] - start).clamp_min(0) + n_past[:, None]
     h, chosen = model.trunk(idx, pos, cache, mask)
     cache.pos += L
