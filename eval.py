@@ -140,12 +140,9 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     samples in. Deterministic for a given seed. Sandboxing of a batch starts as soon as it is
     generated, overlapping the next batch's generation. turns > 1: n episodes per task with the
     visible examples' feedback (env.Feedback), scored on their last attempt, plus episode_figures()."""
-    if temperature == 0:
-        n = 1
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    t0 = time.time()
-    tools = env.Feedback(turns)       # turns 1: a single completion; the sandbox runs beside generation
+    n = 1 if temperature == 0 else n
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    t0, tools = time.time(), env.Feedback(turns)   # turns 1: one completion; the sandbox runs beside generation
     episodes = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                                    top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
                                    progress=progress)
