@@ -206,7 +206,8 @@ def project_verdict(pool, task, repo):
     + 0.2 is not 0.3). Trusted where every test is a check (test_checks): a test that is not one is
     judged in the candidate's process only, where an object whose __eq__ is always true passes."""
     result, _, checks, got = run_tests(pool, task, repo)
-    exact = all(type(got.get(n)) is tuple and got[n][0] == c[3] for n, c in checks.items())
+    exact = all(type(got.get(n)) is tuple and len(got[n]) == 1 and got[n][0] == c[3]   # a forged () too
+                for n, c in checks.items())
     every = test_checks(task.files[task.test_file]).values()
     return result.passed and exact, bool(every) and None not in every
 
@@ -220,6 +221,8 @@ def project_issue(pool, task):
         raise ValueError(f"--repo: every test in {task.test_file} passes; say what to change with --issue")
     first = next((n for n, v in zip(names, result.values) if isinstance(v, str)), None)
     (_, f, args, want), value = checks.get(first, (None,) * 4), got.get(first)
+    if type(value) in (list, tuple) and len(value) != 1:      # forged by the project's code: no symptom
+        value = None
     if type(value) is list or type(value) is tuple and value[0] != want:
         value = value[0] if type(value) is tuple else type(str(value[0]), (Exception,), {})()   # a raise
         return env.cap(repos._symptom(f, args, value, want))
@@ -241,12 +244,15 @@ def open_dir(path, root):
     return fd
 
 
-def write_files(texts, root):
-    """{path: text}, never written through a link: every directory is opened first (open_dir), so one
-    refused leaves nothing half written; each file is new (O_EXCL | O_NOFOLLOW, a random name) and then
-    renamed over its path (a rename replaces a link, not what it points to)."""
-    fds = [open_dir(os.path.dirname(os.path.abspath(p)), root) for p in texts]
-    for fd, (path, text) in zip(fds, texts.items()):
+def write_files(texts):
+    """{path: (text, root)}, never written through a link at or below its root: every text is encoded and
+    every directory opened first (open_dir), so one refused leaves nothing half written; each file is new
+    (O_EXCL | O_NOFOLLOW, a random name) and then renamed over its path (a rename replaces a link, not
+    what it points to)."""
+    for text, _ in texts.values():
+        text.encode("utf-8")           # UnicodeEncodeError (a ValueError) before anything is written
+    fds = [open_dir(os.path.dirname(os.path.abspath(p)), root) for p, (_, root) in texts.items()]
+    for fd, (path, (text, _)) in zip(fds, texts.items()):
         name, tmp = os.path.basename(path), f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp"
         try:
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd),
@@ -271,6 +277,9 @@ def run_repo(args, model, tok, gen):
             task = project_task(*read_project(args.repo, os.path.realpath(args.out_dir)), args.issue)
             task.issue = args.issue or project_issue(pool, task)
             os.close(open_dir(args.out_dir, args.repo))
+            copy, project = os.path.realpath(os.path.join(args.out_dir, "repo")), os.path.realpath(args.repo)
+            if os.path.commonpath([copy, project]) == copy:
+                raise ValueError(f"--out-dir {args.out_dir}: its repo/ would hold the project itself")
         except (OSError, ValueError) as e:
             common.die(str(e) if isinstance(e, ValueError) else f"{e} (no link in the project is followed)")
         # the memory carries an episode past the context: past the threshold of the model's whole context
@@ -282,14 +291,15 @@ def run_repo(args, model, tok, gen):
     verdict = ep.result if passed == ep.result.passed else \
         dataclasses.replace(ep.result, passed=passed, outcome="pass" if passed else "wrong_answer")
     show_tools(tok, task, tools, ep, verdict, out := io.StringIO())
-    print(out.getvalue(), end="")
+    shown = out.getvalue().encode("utf-8", "backslashreplace").decode()   # an --issue's undecodable bytes
+    print(shown, end="")
     changed = sorted(p for p in task.files if ep.repo[p] != task.files[p])
-    try:   # the copy; the user's own files only when asked (--apply)
-        write_files({**{os.path.join(args.out_dir, "repo", p): ep.repo[p] for p in changed},
-                     **{os.path.join(args.repo, p): ep.repo[p] for p in changed if args.apply},
-                     os.path.join(args.out_dir, "transcript.txt"): out.getvalue()}, args.repo)
-    except OSError as e:
-        common.die(f"{e} (nothing is written through a link)")
+    try:   # the copy and transcript (no link below the out-dir); the user's own files only with --apply
+        write_files({**{os.path.join(args.out_dir, "repo", p): (ep.repo[p], args.out_dir) for p in changed},
+                     **{os.path.join(args.repo, p): (ep.repo[p], args.repo) for p in changed if args.apply},
+                     os.path.join(args.out_dir, "transcript.txt"): (shown, args.out_dir)})
+    except (OSError, ValueError) as e:
+        common.die(f"{e} (nothing is written through a link, nor half written)")
     if not trusted:
         print("note: not all your tests are `assert f(...) == literal`; the others ran in the candidate's "
               "process, where code whose result overrides == could pass: the verdict cannot be trusted",
@@ -369,8 +379,8 @@ def main(argv=None):
     # --out-dir keeps the episode: the transcript as printed, and the summary with every attempt's body
     os.makedirs(args.out_dir, exist_ok=True)
     kept = {**summary, "prompt": env.render_prompt(task), "attempts": [x.text for x in ep.turns]}
-    write_files({os.path.join(args.out_dir, "transcript.txt"): out.getvalue(),
-                 os.path.join(args.out_dir, "summary.json"): json.dumps(kept, indent=1)}, args.out_dir)
+    write_files({os.path.join(args.out_dir, "transcript.txt"): (out.getvalue(), args.out_dir),
+                 os.path.join(args.out_dir, "summary.json"): (json.dumps(kept, indent=1), args.out_dir)})
     common.print_summary({**summary, "out_dir": args.out_dir})
 
 

@@ -16,6 +16,7 @@ import env
 from data import repos
 from infra import common
 from model import GPT, GPTConfig
+from sandbox import SandboxPool
 from tokenizer import train_tokenizer
 
 SHOP = 'def total(prices, discount):\n    """The sum of prices, less discount percent."""\n' \
@@ -216,6 +217,44 @@ def test_links_planted_as_the_out_dirs_files_are_replaced(tmp_path, ckpt, capsys
     assert code == 0 and sorted(seen[-1].files) == ["shop.py", "test_shop.py"]
 
 
+def test_an_out_dir_outside_the_project_is_written_through_no_link(tmp_path, ckpt, capsys, monkeypatch):
+    """The red team's rerun: an out-dir outside the project whose repo/ is a planted link (to the project,
+    or anywhere) is refused, not followed; and an out-dir whose repo/ is the project itself (a project
+    named repo, the out-dir its parent) is refused before the episode: neither writes the project
+    without --apply."""
+    root = project(tmp_path / "p")
+    monkeypatch.setattr(agent.env, "run_episodes", scripted([]))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "repo").symlink_to(root)
+    code, _, err = main(["--ckpt", ckpt, "--repo", str(root), "--out-dir", str(out)], capsys)
+    assert code == 2 and err.startswith("error: ") and (root / "shop.py").read_text() == SHOP
+    named = project(tmp_path / "q" / "repo")
+    seen = []
+    monkeypatch.setattr(agent.env, "run_episodes", scripted(seen))
+    code, _, err = main(["--ckpt", ckpt, "--repo", str(named), "--out-dir", str(tmp_path / "q")], capsys)
+    assert refused(code, err) and not seen and (named / "shop.py").read_text() == SHOP
+
+
+def test_undecodable_issue_bytes_and_a_forged_check_are_no_traceback(tmp_path, ckpt, capsys, monkeypatch):
+    """An --issue holding bytes that are not UTF-8 (argv's surrogates) is printed and kept with the bytes
+    escaped, after --apply wrote the fix; a check whose value the project's code forged as an empty
+    tuple fails the verdict instead of raising IndexError."""
+    root = project(tmp_path / "p")
+    monkeypatch.setattr(agent.env, "run_episodes", scripted([]))
+    code, out, err = main(["--ckpt", ckpt, "--repo", str(root), "--issue", "caf\udce9", "--apply",
+                           "--out-dir", str(tmp_path / "out")], capsys)
+    assert code == 0 and "caf\\udce9" in out and (root / "shop.py").read_text() != SHOP, err
+    assert "caf\\udce9" in (tmp_path / "out" / "transcript.txt").read_text()
+    task = agent.project_task({"shop.py": SHOP, "test_shop.py": TESTS}, "test_shop.py", "x")
+    real = agent.run_tests
+    forge = lambda pool, t, repo: (*real(pool, t, repo)[:3], {"test_total": ()})   # a result line of ()
+    monkeypatch.setattr(agent, "run_tests", forge)
+    with SandboxPool(workers=1) as pool:
+        assert agent.project_verdict(pool, task, task.files) == (False, True)
+        assert agent.project_issue(pool, task).startswith("A test in test_shop.py fails")
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 8: bad input, one line, nothing written
 
@@ -262,7 +301,7 @@ def test_the_model_reads_the_first_failure_as_training_states_it(tmp_path, ckpt,
     assert code == 0, err
     want = repos._symptom("total", [[10, 20, 30], 10], 66, 54)
     assert want == "`total([10, 20, 30], 10)` returns 66, expected 54."
-    assert out.startswith(f"# Issue\n{want}\n--- turn 1: ")
+    assert out.startswith(f"# Issue\n{want}\n# Files\nshop.py test_shop.py\n--- turn 1: ")   # the file list: a memory
     assert (tmp_path / "out" / "transcript.txt").read_text().startswith(f"# Issue\n{want}\n")
     # every test passing: nothing to fix unless --issue says what; one line, before any episode
     (root / "shop.py").write_text(SHOP.replace("100 + discount", "100 - discount"))
