@@ -130,7 +130,7 @@ CASES = {"feedback1": lambda: env.Feedback(1), "feedback3": lambda: env.Feedback
          "summary": lambda: env.Tools(max_actions=8, max_errors=6, memory="summary", window=200, max_summaries=2),
          "window": lambda: env.Tools(max_actions=8, max_errors=6, memory="window", window=400),
          "mask": lambda: env.Tools(max_actions=8, max_errors=6, memory="mask", window=400),
-         "oracle": lambda: env.Tools(max_actions=8, max_errors=6, memory="oracle", window=300)}
+         "oracle": lambda: env.Tools(max_actions=8, max_errors=6, memory="oracle", window=400)}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
