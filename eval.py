@@ -498,9 +498,9 @@ def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
 
 
 def full_context_tokens(tasks, pool, tok):
-    """The tokens each long task's whole episode needs when nothing is forgotten: the oracle policy's
-    episode (data/repos.oracle: it greps, reads the chain and both settings files, edits, tests and
-    submits) with no memory and no context limit, counted as the harness feeds it."""
+    """The tokens each long task's whole episode needs when nothing is forgotten: the bootstrap teacher's
+    episode (data/search.restart: it greps the stubs, reads their modules and both settings files, edits,
+    tests and submits) with no memory and no context limit, counted as the harness feeds it."""
     docs = transcripts(tasks, pool, seed=0, tok=tok, seq_len=10 ** 9, memories=(None,))
     return [sum(1 if special else len(tok.encode(text)) for text, _, special in d.segments) for d in docs]
 
