@@ -3,7 +3,7 @@ program of the compositional world (world.py): each step of the program is a hel
 the project's modules, the entry point calls them (some through a wrapper), and something is wrong.
 
     tasks = generate_repo_tasks("test", 100, seed=11, difficulties=[1, 2])   # RepoTask records
-    docs = transcripts(tasks, pool, seed=0, tok=tok)   # episodes of the oracle policy, for the bootstrap
+    docs = transcripts(tasks, pool, seed=0, tok=tok)   # a teacher's episodes, for the bootstrap
     python -m data.repos --show 2 --split test --seed 11
 
 Why: an agent earns its tools when no fixed plan finds the fault. The issue names only a symptom, the
@@ -568,7 +568,7 @@ def visible_cases(task):
 # actions, not to write files or reports itself.
 
 class Transcript(str):
-    """An oracle episode's text (special tokens spelt out), and `segments`: its pieces in order, each
+    """A teacher's episode's text (special tokens spelt out), and `segments`: its pieces in order, each
     (text, context?, special?): a special piece is a special token's name, never text to encode;
     corpus.encode_doc turns them into ids; episode: its env.Episode (transcripts)."""
     segments, episode = (), None
