@@ -32,6 +32,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import stat
 import sys
 from types import SimpleNamespace
@@ -92,8 +93,9 @@ def read_project(root, skip=None):
         rel = lambda name: os.path.relpath(os.path.join(here, name), root).replace(os.sep, "/")
         if rel(".").count("/") >= MAX_DEPTH:
             raise ValueError(f"--repo {root}: deeper than {MAX_DEPTH} directories: not a small project")
-        mods = [n.split(".")[0] for n in names if n.endswith((".py", ".so", ".pyd"))] + \
-            [d for d in dirs if os.path.isfile(os.path.join(here, d, "__init__.py"))]
+        package = lambda d: any(os.path.isfile(os.path.join(here, d, i)) for i in ("__init__.py", "__init__.pyc"))
+        mods = [n.split(".")[0] for n in names if n.endswith((".py", ".pyc", ".so", ".pyd"))] + \
+            [d for d in dirs if package(d)]
         if twice := sorted({m for m in mods if m and mods.count(m) > 1}):
             raise ValueError(f"--repo: {rel(twice[0])!a} is two modules (a file and a package, or a compiled "
                              f"one): Python imports one, the harness could import the other; rename one")
@@ -118,7 +120,35 @@ def read_project(root, skip=None):
         raise ValueError(f"--repo {root}: no test_*.py file at its top level to run (its name a module's)")
     if not test_checks(files[tests[0]]):    # its top-level test_* functions run (no unittest classes)
         raise ValueError(f"--repo: {tests[0]} has no top-level test_* function to run")
+    if why := pytest_differs(root, files, tests[0]):
+        raise ValueError(f"--repo: {why}: the harness runs the top-level test_* functions of {tests[0]} "
+                         f"alone, on UTF-8 sources and this interpreter's standard library; pytest would not")
     return files, tests[0]
+
+
+def pytest_differs(root, files, test_file):
+    """What pytest would run or import that the harness would not, or None: refused, so that the harness
+    fails at most where pytest passes, never passes where pytest fails. Pytest settings, another test
+    file or a conftest.py, a test class or a test bound other than by `def` (assigned, imported), a
+    module that shadows the standard library (the sandbox preloads it), a coding cookie not UTF-8."""
+    for name in ("pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini"):
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            if re.search(r"^\[(tool[.:])?pytest", f.read(), re.M):
+                return name
+    for p, text in files.items():
+        head = "\n".join(text.split("\n")[:2])
+        if p != test_file and re.fullmatch(r"(.*/)?(test_\w*|\w*_test|conftest)\.py", p) or \
+                "/" not in p and p[:-3] in sys.stdlib_module_names or \
+                re.search(r"^#.*coding[:=]\s*(?!utf-?8\b)[-\w.]+", head, re.M | re.I):
+            return p
+    for n in ast.parse(files[test_file]).body:      # what the module binds at its top level, but defs
+        bound = [n.name] if isinstance(n, ast.ClassDef) else \
+            [a.asname or a.name for a in n.names] if isinstance(n, (ast.Import, ast.ImportFrom)) else \
+            [t.id for t in getattr(n, "targets", [getattr(n, "target", None)]) if isinstance(t, ast.Name)]
+        if any(b.startswith(("Test", "test")) for b in bound):
+            return f"{test_file}: {bound[0]}"
+    return None
 
 
 def project_task(files, test_file, issue):

@@ -255,6 +255,30 @@ def test_undecodable_issue_bytes_and_a_forged_check_are_no_traceback(tmp_path, c
         assert agent.project_issue(pool, task).startswith("A test in test_shop.py fails")
 
 
+@pytest.mark.parametrize("extra", ids=["class", "second_file", "tests_dir", "imported", "assigned", "conftest",
+                                       "pytest_ini", "pyproject", "stdlib_name", "cookie", "sourceless"], argvalues=[
+    {"test_shop.py": TESTS + "\n\nclass TestMore:\n    def test_x(self):\n        assert False\n"},
+    {"test_b.py": "def test_b():\n    assert False\n"},
+    {"tests/test_c.py": "def test_c():\n    assert False\n"},
+    {"test_shop.py": "from checks import test_extra\n" + TESTS, "checks.py": "def test_extra():\n    assert 0\n"},
+    {"test_shop.py": TESTS + "\ntest_generated = lambda: 1 / 0\n"},
+    {"conftest.py": "import shop\nshop.RATE = 110\n"},
+    {"pytest.ini": "[pytest]\naddopts = --doctest-modules\n"},
+    {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-x'\n"},
+    {"cmath.py": "def sqrt(x):\n    return 0\n"},
+    {"shop.py": "# -*- coding: utf-7 -*-\n" + SHOP},
+    {"shop/__init__.pyc": ""}])
+def test_what_pytest_would_run_and_the_harness_not_is_refused(tmp_path, extra):
+    """The red team's rerun: tests the harness never runs (a class, another test file, a tests/ directory,
+    a test imported or assigned), code it would not import as Python does (a conftest.py, pytest
+    settings, a module named as the standard library's, a coding cookie, a sourceless package beside
+    shop.py) made a PASS where pytest fails: each is refused before the episode, with one line."""
+    root = project(tmp_path / "p", {"shop.py": SHOP, "test_shop.py": TESTS, **extra})
+    with pytest.raises(ValueError, match="^--repo: "):
+        agent.read_project(str(root))
+    assert agent.read_project(str(project(tmp_path / "ok")))[1] == "test_shop.py"
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 8: bad input, one line, nothing written
 
