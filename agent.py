@@ -93,7 +93,7 @@ def read_project(root, skip=None):
         rel = lambda name: os.path.relpath(os.path.join(here, name), root).replace(os.sep, "/")
         if rel(".").count("/") >= MAX_DEPTH:
             raise ValueError(f"--repo {root}: deeper than {MAX_DEPTH} directories: not a small project")
-        package = lambda d: any(os.path.isfile(os.path.join(here, d, i)) for i in ("__init__.py", "__init__.pyc"))
+        package = lambda d: any(os.path.isfile(os.path.join(here, d, f"__init__.{e}")) for e in ("py", "pyc"))
         mods = [n.split(".")[0] for n in names if n.endswith((".py", ".pyc", ".so", ".pyd"))] + \
             [d for d in dirs if package(d)]
         if twice := sorted({m for m in mods if m and mods.count(m) > 1}):
