@@ -37,6 +37,7 @@ import types
 
 from data import families, search, world
 from data.search import FLIP, definition     # the faults' operators; a def read from a module's text
+TWIN = {">": ">=", ">=": ">", "<": "<=", "<=": "<", "!=": "=="}   # a comparison's (non-)strict twin
 
 DATA_NAMES = {world.INT: "n", world.STR: "text", world.INTS: "values", world.WORDS: "words",
               world.DICT: "table"}
@@ -291,6 +292,18 @@ def _mutants(r, layout, sources, home):
     return [m for ms in by_kind for m in r.sample(ms, len(ms))]
 
 
+def _variants(source):
+    """Every one-token variant of a function's body, the faults' grammar each way: an operator flipped
+    (FLIP) or a comparison's twin (TWIN), an integer constant +-1 or +-2, a `not` added or dropped."""
+    head, _, body = source.partition('"""\n')
+    out = [body[:m.start(1)] + op + body[m.end(1):] for m in re.finditer(r" (==|!=|>=|<=|>|<|\+|-|\*|//|%) ", body)
+           for op in (FLIP.get(m[1]), TWIN.get(m[1])) if op]
+    out += [body[:m.start()] + str(int(m[0]) + d) + body[m.end():]
+            for m in re.finditer(r"(?<![\w.])\d+(?![\w.])", body) for d in (-2, -1, 1, 2)]
+    out += [body[:m.start()] + (" if " if m[1] else " if not ") + body[m.end():] for m in re.finditer(r" if (not )?", body)]
+    return [head + '"""\n' + b for b in out]
+
+
 # ----------------------------------------------------------------------------- tasks
 
 def _cases(r, program):
@@ -426,8 +439,8 @@ def _build(r, task_id, split, program, spec, kind):
     broken, targets, mutations = dict(sources), [], []
     chain_prims = [c for f in layout.calls for c, _ in layout.calls[f] if c in layout.prims]
     # a body caught by the tests (_caught): the reference with these functions replaced
-    caught = lambda new: _caught(visible, hidden, outputs_of(_render(layout, {**sources, **new}, settings_files),
-                                                             entry_mod[:-3], entry, inputs))
+    run = lambda fs, xs: outputs_of(fs, entry_mod[:-3], entry, xs)
+    caught = lambda new: _caught(visible, hidden, run(_render(layout, {**sources, **new}, settings_files), inputs))
     if kind in ("deleted", "config", "long"):
         gone = [helper_name(program.steps[i][0]) for i in notes] if notes else [r.choice(chain_prims)]
         for h in gone:
@@ -452,6 +465,28 @@ def _build(r, task_id, split, program, spec, kind):
     got = outputs_of(files, entry_mod[:-3], entry, inputs)
     if not _caught(visible, hidden, got):
         return None
+    # issue 60: a near miss (_variants of a function to fix) wrong on the world's inputs fails a hidden case,
+    # and so does a table of what a function to fix receives on the visible calls: on some unseen hidden
+    # input each is handed new arguments where its broken version errs, and the entry point gives a value
+    # no visible test shows. A fresh input of the world's that shows what no hidden one does joins them.
+    pool = [[x] for x in world.sample_inputs(r, program.arg_type, 300) if [x] not in inputs]
+    pool = [(x, o) for x, o in zip(pool, run(reference, pool)) if not isinstance(o, Exception)]
+    for f, v in [(f, v) for _, f in targets for v in _variants(sources[f])]:
+        fs = _render(layout, {**sources, f: v}, settings_files)
+        if all(same(g, o) for g, (_, o) in zip(run(fs, [a for a, _ in hidden]), hidden)):
+            hidden += [c for c, g in zip(pool, run(fs, [a for a, _ in pool])) if not same(g, c[1])][:1]
+    cases, n = hidden + pool, len(visible)
+    ok = [not any(same(o, w) for _, w in visible) for _, o in cases]
+    for p, f in targets:                        # f's stub raises the arguments it gets
+        stub = _stub(sources[f], "raise LookupError((%s,))" % re.match(r"def \w+\((.*)\)", sources[f])[1])
+        args = [e.args[0] if type(e) is LookupError else None for e in
+                run(_render(layout, {**sources, f: stub}, settings_files), [a for a, _ in cases])]
+        errs = [not same(a, b) for a, b in zip(outputs_of(reference, p[:-3], f, args), outputs_of(files, p[:-3], f, args))]
+        ok = [k and a is not None and a not in args[:n] and e for k, a, e in zip(ok, args, errs)]
+    if True not in ok:
+        return None
+    hidden += [cases[ok.index(True)]] if ok.index(True) >= len(hidden) else []
+    inputs, outs = [a for a, _ in hidden], [o for _, o in hidden]
     test_file = "test_" + entry_mod
     files[test_file] = _test_file(entry_mod[:-3], entry, visible)
     issue = _symptom(entry, *next((a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)))

@@ -9,7 +9,9 @@ train seed 0, no trivial body earns a reward and the visible tests reject each o
 And a settings number is not found faster by trying the values of its range (edit, test, each) than by
 reading the settings module. The generated files run in-process (repos.load: our own text plus a one-line
 body); nothing here is the agent's code."""
+import ast
 import functools
+import random
 import re
 
 import pytest
@@ -162,3 +164,78 @@ def guessed(split, seed, n):
     took = sorted(g[0] for g in runs if g and g[1])
     return (len(tasks), sum(bool(g and g[1] and g[0] <= MAX_ACTIONS) for g in runs), len(took),
             took[len(took) // 2] if took else None)
+
+
+# ----------------------------------------------------------------------------- near misses and tables
+# Issue 60's red-team rerun: tasks (split, seed, index, kind) on which, before the fix, a one-token variant of
+# a function to fix passed every hidden case while wrong on fresh inputs (NEAR), or a table of what a
+# function to fix receives on the visible calls, or of the buggy entry point's visible outputs, did (TABLE).
+NEAR = [("test", 11, 10, "bug"), ("test", 11, 16, "two_bugs"), ("test", 11, 90, "bug"),
+        ("test", 11, 116, "two_bugs"), ("test", 11, 135, "bug"), ("test", 11, 126, "two_bugs")]
+TABLE = [("test", 11, 82, "deleted"), ("test", 11, 175, "bug"), ("test", 29, 80, "bug"),
+         ("train", 0, 155, "bug"), ("train", 0, 30, "bug"), ("test", 11, 10, "bug")]
+TWIN = {">": ">=", ">=": ">", "<": "<=", "<=": "<", "!=": "=="}
+
+
+def one_token_variants(body):
+    """The faults' grammar applied to a body, each way: an operator flipped or a comparison's twin, an
+    integer constant +-1 or +-2, a `not` added or dropped."""
+    for m in re.finditer(r" (==|!=|>=|<=|>|<|\+|-|\*|//|%) ", body):
+        for op in {repos.FLIP.get(m[1]), TWIN.get(m[1])} - {None}:
+            yield body[:m.start(1)] + op + body[m.end(1):]
+    for m in re.finditer(r"(?<![\w.])\d+(?![\w.])", body):
+        for d in (-2, -1, 1, 2):
+            yield body[:m.start()] + str(int(m[0]) + d) + body[m.end():]
+    for m in re.finditer(r" if (not )?", body):
+        yield body[:m.start()] + (" if " if m[1] else " if not ") + body[m.end():]
+
+
+def fresh(t, n=300):
+    """n inputs of the task's type from the world's distribution (a stream of their own)."""
+    x = t.inputs[0][0]
+    typ = {int: world.INT, str: world.STR, dict: world.DICT}.get(type(x)) or \
+        (world.WORDS if any(type(v) is str for a in t.inputs for v in a[0]) else world.INTS)
+    return [[x] for x in world.sample_inputs(random.Random(f"fresh/{t.task_id}"), typ, n)]
+
+
+@pytest.mark.parametrize("split,seed,index,kind", NEAR)
+def test_a_near_miss_fix_that_is_wrong_fails_a_hidden_case(split, seed, index, kind):
+    t = repos.make_repo_task(split, seed, index, kind)
+    ref, xs = repos.solved_files(t), fresh(t)
+    want = repos.outputs_of(ref, t.module, t.entry_point, xs)
+    for path, f in t.targets:
+        src = repos.definition(ref[path], f)
+        head, body = src.split("\n", 1)
+        for v in one_token_variants(body):
+            files = {**ref, path: env.replace_function(ref[path], head + "\n" + v, path)[0]}
+            if passes(outputs(t, files), t.outputs):       # then it is right on the world's inputs too
+                got = repos.outputs_of(files, t.module, t.entry_point, xs)
+                assert all(repos.same(g, o) or isinstance(o, Exception) for g, o in zip(got, want)), (t.task_id, v)
+
+
+def first_args(t, files, path, f):
+    """The arguments f receives first on each hidden input (its def replaced by one raising them)."""
+    params = re.search(rf"^def {f}\((.*)\):$", files[path], re.M).group(1)
+    body = f"def {f}({params}):\n    raise LookupError(({params},))\n"
+    got = outputs(t, {**files, path: env.replace_function(files[path], body, path)[0]})
+    return [repr(g.args[0]) if type(g) is LookupError else None for g in got]
+
+
+@pytest.mark.parametrize("split,seed,index,kind", TABLE)
+def test_no_table_of_the_visible_calls_passes(split, seed, index, kind):
+    """A function to fix answering the values it receives on the visible calls from a table (the reference's
+    answers there), its broken body elsewhere; and the buggy entry point's visible outputs remapped to the
+    expected ones: neither passes the hidden tests."""
+    t = repos.make_repo_task(split, seed, index, kind)
+    ref, n = repos.solved_files(t), len(repos.visible_cases(t))
+    for path, f in t.targets:
+        args = first_args(t, ref, path, f)
+        table = {a: o for a, o in zip(args[:n], repos.outputs_of(ref, path[:-3], f, [ast.literal_eval(a) for a in args[:n]]))}
+        params = re.search(rf"^def {f}\((.*)\):$", ref[path], re.M).group(1)
+        buggy = repos.definition(t.files[path], f).replace(f"def {f}(", f"def _{f}_broken(", 1)
+        body = (f"def {f}({params}):\n    k = repr(({params},))\n    return {table!r}[k] if k in {table!r} else "
+                f"_{f}_broken({params})\n")
+        files = {**t.files, path: env.replace_function(t.files[path], body, path)[0] + "\n\n" + buggy}
+        assert not passes(outputs(t, files), t.outputs), (t.task_id, f)
+    remap = {repr(g): o for g, (_, o) in zip(outputs(t, t.files), repos.visible_cases(t))}
+    assert not passes([remap.get(repr(g), g) for g in outputs(t, t.files)], t.outputs), t.task_id
