@@ -257,14 +257,8 @@ def _mutants(r, layout, sources, home):
     point or the wrapper."""
     out = []
     chain = {c for f in layout.calls for c, _ in layout.calls[f] if c in layout.prims}
-    for h in sorted(chain):
-        src = sources[h]
-        head, _, body = src.partition('"""\n')
-        for m in re.finditer(r" (==|>|<|\+|-|\*|//|%) ", body):
-            op = m.group(1)
-            out.append(("operator", h, head + '"""\n' + body[:m.start(1)] + FLIP[op] + body[m.end(1):]))
-        for m in re.finditer(r" if (?!not )", body):
-            out.append(("branch", h, head + '"""\n' + body[:m.end()] + "not " + body[m.end():]))
+    for h in sorted(chain):                     # a body's operator flipped, a branch inverted
+        out += [(k, h, v) for k, v in _variants(sources[h]) if k in ("operator", "branch")]
     for f, calls in layout.calls.items():
         src = sources[f]
         for j, (callee, consts) in enumerate(calls):
@@ -288,20 +282,21 @@ def _mutants(r, layout, sources, home):
                     out.append(("wrong_helper", f, src[:m.start()] + other + src[m.start() + len(callee):]))
     kinds = sorted({m[0] for m in out})
     r.shuffle(kinds)                            # a kind at random, then one of its mutants at random
-    by_kind = [[m for m in out if m[0] == k] for k in kinds]
-    return [m for ms in by_kind for m in r.sample(ms, len(ms))]
+    return [m for ms in ([m for m in out if m[0] == k] for k in kinds) for m in r.sample(ms, len(ms))]
 
 
 def _variants(source):
-    """Every one-token variant of a function's body, the faults' grammar each way: an operator flipped
-    (FLIP) or a comparison's twin (TWIN), an integer constant +-1 or +-2, a `not` added or dropped."""
+    """Every one-token variant of a function's body, as (kind, source), the faults' grammar each way: an
+    operator flipped (FLIP: "operator") or a comparison's twin (TWIN), an integer constant +-1 or +-2, a
+    `not` added ("branch") or dropped."""
     head, _, body = source.partition('"""\n')
-    out = [body[:m.start(1)] + op + body[m.end(1):] for m in re.finditer(r" (==|!=|>=|<=|>|<|\+|-|\*|//|%) ", body)
-           for op in (FLIP.get(m[1]), TWIN.get(m[1])) if op]
-    out += [body[:m.start()] + str(int(m[0]) + d) + body[m.end():]
+    out = [(k, body[:m.start(1)] + op + body[m.end(1):]) for m in re.finditer(r" (==|!=|>=|<=|>|<|\+|-|\*|//|%) ", body)
+           for k, op in (("operator", FLIP.get(m[1])), ("twin", TWIN.get(m[1]))) if op]
+    out += [("constant", body[:m.start()] + str(int(m[0]) + d) + body[m.end():])
             for m in re.finditer(r"(?<![\w.])\d+(?![\w.])", body) for d in (-2, -1, 1, 2)]
-    out += [body[:m.start()] + (" if " if m[1] else " if not ") + body[m.end():] for m in re.finditer(r" if (not )?", body)]
-    return [head + '"""\n' + b for b in out]
+    out += [("unbranch" if m[1] else "branch", body[:m.start()] + (" if " if m[1] else " if not ") + body[m.end():])
+            for m in re.finditer(r" if (not )?", body)]
+    return [(k, head + '"""\n' + b) for k, b in out]
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -310,10 +305,8 @@ def _cases(r, program):
     """(visible cases, hidden cases): the program on N_HIDDEN distinct inputs of its type (world.run),
     ordered so that distinct outputs come first; 2-3 visible, all hidden."""
     inputs = world.sample_inputs(r, program.arg_type, 3 * N_HIDDEN)[:N_HIDDEN]
-    cases = [([x], world.run(program, x)[-1]) for x in inputs]
-    cases, _ = families.order_cases(cases, r, len(cases))
-    n_vis = r.randint(*N_VISIBLE)
-    return cases[:n_vis], cases
+    cases, _ = families.order_cases([([x], world.run(program, x)[-1]) for x in inputs], r, len(inputs))
+    return cases[:r.randint(*N_VISIBLE)], cases
 
 
 def _caught(visible, hidden, got):
@@ -428,8 +421,6 @@ def _build(r, task_id, split, program, spec, kind):
     sources[entry] = f'def {entry}({arg}):\n    """{doc}"""\n' + _chain_body(arg, layout.calls[entry])
     facts = [{"file": s, "name": r.choice(ADJECTIVES) + "_" + r.choice(NOUNS), "value": program.steps[i][1][0],
               "label": label} for i, (label, s) in notes.items()]
-    if len({f["value"] for f in facts}) < len(facts):
-        return None
     settings_files = {f["file"]: (_settings_file(r, f["name"], f["value"]) if kind == "long" else
                                   f'"""Settings of the project."""\n{f["name"]} = {f["value"]!r}\n') for f in facts}
     reference = _render(layout, sources, settings_files)
@@ -462,8 +453,7 @@ def _build(r, task_id, split, program, spec, kind):
                for _, f in targets):
         return None
     files = _render(layout, broken, settings_files)
-    got = outputs_of(files, entry_mod[:-3], entry, inputs)
-    if not _caught(visible, hidden, got):
+    if not _caught(visible, hidden, got := run(files, inputs)):
         return None
     # issue 60: a near miss (_variants of a function to fix) wrong on the world's inputs fails a hidden case,
     # and so does a table of what a function to fix receives on the visible calls: on some unseen hidden
@@ -471,7 +461,7 @@ def _build(r, task_id, split, program, spec, kind):
     # no visible test shows. A fresh input of the world's that shows what no hidden one does joins them.
     pool = [[x] for x in world.sample_inputs(r, program.arg_type, 300) if [x] not in inputs]
     pool = [(x, o) for x, o in zip(pool, run(reference, pool)) if not isinstance(o, Exception)]
-    for f, v in [(f, v) for _, f in targets for v in _variants(sources[f])]:
+    for f, v in [(f, v) for _, f in targets for _, v in _variants(sources[f])]:
         fs = _render(layout, {**sources, f: v}, settings_files)
         if all(same(g, o) for g, (_, o) in zip(run(fs, [a for a, _ in hidden]), hidden)):
             hidden += [c for c, g in zip(pool, run(fs, [a for a, _ in pool])) if not same(g, c[1])][:1]
@@ -495,7 +485,7 @@ def _build(r, task_id, split, program, spec, kind):
                     test_file, kind, targets, fixed, _roles(files, entry_mod, targets, settings_files, test_file),
                     mutations, "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
                     facts=facts)
-    for f in facts:                             # a number stated anywhere else would make the read needless
+    for f in facts:                             # a number stated anywhere else (another fact too) makes the read needless
         if any(_mentions(t, f["value"]) for p, t in files.items() if p != f["file"]) or _mentions(issue, f["value"]):
             return None
     return task
