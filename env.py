@@ -484,9 +484,9 @@ def fact_retention(task, e):
     for t in e.turns:
         if t.summary:   # the label, within a few characters its value, sign included: 'N1 = 16', 'N1: -3'
             seen = [f for f in task.facts if f["file"] in read]   # (not 'N1 = 160', 'N1 = -16' for 16)
-            n, kept = n + len(seen), kept + sum(re.search(rf"\b{f['label']}\b[^\d\n-]{{0,6}}(?<![\d-])"
-                                                         rf"{re.escape(str(f['value']))}(?![\d.])", t.text) is not None
-                                                for f in seen)
+            states = lambda f: re.search(rf"\b{f['label']}\b[^\d\n-]{{0,6}}(?<![\d-])"
+                                         rf"{re.escape(str(f['value']))}(?![\d.])", t.text) is not None
+            n, kept = n + len(seen), kept + sum(map(states, seen))
             continue
         a = next(actions)
         if a.name == "read" and not a.error:
@@ -525,11 +525,14 @@ def summary_text(task, actions):
     read = [a.path for a in actions if a.name == "read" and not a.error]
     edited = {(a.path, a.function) for a in actions if a.name == "edit" and not a.error}
     seen = "".join(task.files[p] for p in read)
-    facts = [f"{f['label']} = {f['value']!r} ({f['file']})" if f["file"] in read else f"{f['label']} in {f['file']}"
-             for f in task.facts if f["file"] in read or f"{f['label']}: the value set in {f['file']}" in seen]
-    doc = lambda p, f: re.search(rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?\.?(?:"""|$)',
-                                 task.files[p], re.M)     # its def line and docstring line, less the note
-    todo = [f"fixed {f} in {p}" if (p, f) in edited else "fix {} in {}: {} {}.".format(f, p, *doc(p, f).groups())
+    facts = [f"{f['label']} = {f['value']!r} ({f['file']})" if f["file"] in read else
+             f"{f['label']} in {f['file']}" for f in task.facts
+             if f["file"] in read or f"{f['label']}: the value set in {f['file']}" in seen]
+    # a function's def line and its docstring's line, less the note
+    doc = lambda p, f: re.search(rf'^def ({f}\(.*\)):\n +"""(.*?)(?: \(\w+: the value set in [\w/.]+\))?'
+                                 r'\.?(?:"""|$)', task.files[p], re.M)
+    todo = [f"fixed {f} in {p}" if (p, f) in edited else
+            "fix {} in {}: {} {}.".format(f, p, *doc(p, f).groups())
             for p, f in task.targets if p in read or (p, f) in edited]
     return "\n".join(facts + todo) or "nothing read yet"
 
@@ -720,48 +723,6 @@ class Tools:
         for (_, e), r in zip(items, results):
             e.result = r if e.end == "submit" or r.outcome == "sandbox_error" else dataclasses.replace(
                 r, reward=0.0, passed=False, outcome={"summary_cap": "over_cap"}.get(e.end, e.end))
-
-
-class FixedPlan(Tools):
-    """eval.py's fixed_plan baseline: one action sequence for every task, the model writing only the
-    payloads of its edits. The harness takes the opening actions itself (fixed_plan_prompts: test, then
-    ls, their observations in the prompt), then every turn is an edit (the harness feeds <|edit|>, the
-    model writes the path and the definition), up to the same step limit as the agent's, and the plan
-    ends with submit. It is the best fixed sequence we could write: a read, grep or run with a fixed
-    payload names no file or function of a task it has not seen, and the symptom, the test report and
-    the file list are all that the edits can go on."""
-    OPENING = ("test", "ls")
-
-    def __init__(self, max_actions=12):
-        super().__init__(max_actions=max_actions - len(self.OPENING) - 1)   # the opening and the submit
-
-    def feed_ids(self, tok, text):
-        return super().feed_ids(tok, text) + [tok.tool_ids["<|edit|>"]]
-
-    def step(self, tok, pool, items, more):
-        edit = tok.tool_ids["<|edit|>"]        # the model wrote the payload after the fed <|edit|>
-        obs = super().step(tok, pool, [(t, e, dataclasses.replace(x, tokens=[edit] + x.tokens))
-                                       for t, e, x in items], more)
-        for (_, e, _), o in zip(items, obs):
-            if o is None and e.end == "step_limit":
-                e.end = "submit"                 # the plan's last action
-        return obs
-
-
-def fixed_plan_prompts(tok, tasks, pool):
-    """Each task's prompt for FixedPlan, as ids: the issue, the opening actions and their observations
-    (the visible tests' report from the sandbox, the file list), and <|edit|>: the model's first turn
-    writes an edit's payload."""
-    reports = pool.run_batch([visible_run(t, t.files) for t in tasks])
-    out = []
-    for t, r in zip(tasks, reports):
-        names = [n for n, in visible_run(t, t.files).inputs]
-        said = {"test": test_report(r, names), "ls": "\n".join(sorted(t.files))}
-        ids = tok.encode(render_issue(t))
-        for name in FixedPlan.OPENING:
-            ids += action_ids(tok, name, "") + Tools().feed_ids(tok, said[name])
-        out.append(ids + [tok.tool_ids["<|edit|>"]])
-    return out
 
 
 # ----------------------------------------------------------------------------- the episode loop

@@ -142,7 +142,7 @@ def evaluate_tasks(model, tok, tasks, pool, n, ks=(1, 5, 10), temperature=0.8, m
     visible examples' feedback (env.Feedback), scored on their last attempt, plus episode_figures()."""
     n = 1 if temperature == 0 else n
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    t0, tools = time.time(), env.Feedback(turns)   # turns 1: one completion; the sandbox runs beside generation
+    t0, tools = time.time(), env.Feedback(turns)   # turns 1: one completion; the sandbox runs beside it
     episodes = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
                                    top_p=top_p, top_k=top_k, batch_size=batch_size, generator=gen,
                                    progress=progress)
@@ -481,9 +481,9 @@ def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
     """What the agent eval measures, {name: (repository tasks, tool set)}, the same tasks for every
     checkpoint and baseline, so that gains pair by task: the agent; no_run (test and run answer
     "unavailable": it reads and edits blind); the oracle (every file inlined, the same tools and step
-    limit); located (the issue names the function to change and its file); fixed_plan (one action
-    sequence for every task: test, ls, then edits the model writes); search (data/search.py: a program
-    that sees what the agent sees, the same tools and step limit) and search_unlimited (no step limit).
+    limit); located (the issue names the function to change and its file); search (data/search.py: a
+    program that sees what the agent sees, the same tools and step limit) and search_unlimited (no step
+    limit), the model-free policies an agent has to beat.
     On n_long long tasks (two facts in two long settings files, more than env.LONG_WINDOW holds): one
     suite per memory of LONG_SUITES."""
     test = generate_repo_tasks("test", n_tasks, seed=seed, difficulties=levels)
@@ -491,8 +491,7 @@ def agent_suites(n_tasks, seed, levels, n_long=0, memories=tuple(LONG_SUITES)):
     short = {"agent": (test, env.Tools()), "search": (test, env.Tools()),
              "search_unlimited": (test, env.Tools(max_actions=math.inf)),
              "no_run": (test, env.Tools(actions=tuple(a for a in env.ACTIONS if a not in ("test", "run")))),
-             "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools()),
-             "fixed_plan": (test, env.FixedPlan())}
+             "oracle": (test, env.Tools(inline=True)), "located": ([located(t) for t in test], env.Tools())}
     memory = {m: (long, env.long_tools(LONG_SUITES[m])) for m in memories if long}
     return {**(short if test else {}), **memory}
 
@@ -539,9 +538,8 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
         eps = search.episodes(tasks, tools, pool)
     else:
         gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-        prompts = env.fixed_plan_prompts(tok, tasks, pool) if isinstance(tools, env.FixedPlan) else None
         eps = env.run_episodes(model, tok, tasks, n, tools, pool, temperature, max_new_tokens,
-                               batch_size=batch_size, generator=gen, prompts=prompts)
+                               batch_size=batch_size, generator=gen)
     records = [{**episode_record(tasks[e.task_idx], e), "episode": e} for e in eps]
     out = {}
     for key in ("slice", "kind"):
@@ -575,7 +573,7 @@ def evaluate_agent(model, tok, tasks, pool, n, tools, ks=(1,), temperature=0.8, 
 def evaluate_agent_checkpoint(args, path, suites, pool, device, searched):
     """One checkpoint on every suite (the search's: `searched`, its figures, run once): its flat figures
     (the names run.sh's checks read) and records; the agent against each baseline on the same tasks
-    (paired SE over tasks), and its share of the oracle's, the fixed plan's and the search's pass@1."""
+    (paired SE over tasks), and its share of the oracle's and the search's pass@1."""
     model, tok, _ = hf.load_checkpoint(path, device)
     if not tok.tools:
         common.die(f"{path}: its tokenizer has no tool tokens (a checkpoint of the agent's bootstrap, "
@@ -589,11 +587,11 @@ def evaluate_agent_checkpoint(args, path, suites, pool, device, searched):
         figs.update({f"{name}/{k}": v for k, v in r.items()})
     if "agent" in suites:    # the agent against each baseline, paired on the same tasks
         test = suites["agent"][0]
-        for base in ("fixed_plan", "no_run", "oracle", "located", "search"):
+        for base in ("no_run", "oracle", "located", "search"):
             gains(figs, f"agent/{{}}pass@1 - {base}", test, records[base], records["agent"])
         gains(figs, "agent/bugs/{}pass@1 - no_run", [t for t in test if t.kind in ("bug", "two_bugs")],
               records["no_run"], records["agent"])
-        for base in ("oracle", "fixed_plan", "search"):
+        for base in ("oracle", "search"):
             top = figs[f"{base}/pass@1"]
             figs[f"agent/pass@1 / {base}"] = figs["agent/pass@1"] / top if top else None
     long = [m for m in LONG_SUITES if m in suites]
@@ -650,8 +648,7 @@ def evaluate_agent_checkpoints(args):
             f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens} per action; agent = the "
             f"symptom only, every tool; no_run = test and run unavailable; oracle = every file inlined, the "
             f"same tools and step limit; located = the issue names the function and file to change; "
-            f"fixed_plan = test, ls, then edits the model writes (no fixed read, grep or run can name a file "
-            f"of a task it has not seen); plans = distinct action sequences (paths by role) of the passing "
+            f"plans = distinct action sequences (paths by role) of the passing "
             f"episodes; first_edit_pass = episodes whose first edit alone passes; step_limit = episodes out "
             f"of actions without submitting (failures); search = a program on what the agent sees "
             f"(data/search.py: the chain read, the world's faults undone where the text points, each "
@@ -747,7 +744,7 @@ def main(argv=None):
     p.add_argument("--ckpt", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
     p.add_argument("--agent", action="store_true",
                    help="evaluate the tool agent on repository tasks (data/repos.py) against its baselines "
-                        "(no_run, oracle, located, fixed_plan), and on long tasks under each --memory")
+                        "(no_run, oracle, located, search), and on long tasks under each --memory")
     p.add_argument("--agent-tasks", type=int, help="--agent: repository tasks (0: long tasks only)")
     p.add_argument("--long-tasks", type=int, help="--agent: long tasks, run under each --memory")
     p.add_argument("--memory", default=",".join(LONG_SUITES),

@@ -35,7 +35,7 @@ if [ "$AGENT" = 1 ]; then
   # The agent (docs/agent.md). boot: the bootstrap (lab/experiments/lib.sh agent_boot); rl: G tool episodes
   # per repository task, rewarded by the hidden tests on the final repository, long tasks in the summary
   # memory (agent_rl); eval: the agent before and after RL against its baselines (no_run, oracle, located,
-  # fixed_plan), and on long tasks under each memory, per slice, on a fresh seed.
+  # search), and on long tasks under each memory, per slice, on a fresh seed.
   agent_boot "$PRE_CKPT"
   agent_rl rl "$BOOT_CKPT"
   RL_CKPT=$(json_get "$OUT/rl.json" ckpt)

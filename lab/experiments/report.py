@@ -216,7 +216,7 @@ def memory_figure(rows, path):
     plt.close(fig)
 
 
-SUITES = ("agent", "no_run", "oracle", "located", "fixed_plan")
+SUITES = ("agent", "no_run", "oracle", "located", "search")
 
 
 def seeds_report(base, runs):
