@@ -257,6 +257,7 @@ def _mutants(r, layout, sources, home):
     point or the wrapper."""
     out = []
     chain = {c for f in layout.calls for c, _ in layout.calls[f] if c in layout.prims}
+    sig = lambda k: (world.PRIMS[k].src, world.PRIMS[k].dst, len(world.PRIMS[k].consts))
     for h in sorted(chain):                     # a body's operator flipped, a branch inverted
         out += [(k, h, v) for k, v in _variants(sources[h]) if k in ("operator", "branch")]
     for f, calls in layout.calls.items():
@@ -265,30 +266,22 @@ def _mutants(r, layout, sources, home):
             m = [x for x in re.finditer(rf"\b{re.escape(callee)}\(([^()]*)\)", src)][
                 [c for c, _ in calls[:j]].count(callee)]
             args = m.group(1).split(", ")
-            for k, c in enumerate(consts):
-                if re.fullmatch(r"-?\d+", c):
-                    for d in (-1, 1, 2):
-                        new = list(args)
-                        new[1 + k] = str(int(c) + d)
-                        out.append(("constant", f, src[:m.start(1)] + ", ".join(new) + src[m.end(1):]))
+            out += [("constant", f, src[:m.start(1)] + ", ".join(args[:1 + k] + [str(int(c) + d)] + args[2 + k:])
+                     + src[m.end(1):]) for k, c in enumerate(consts) if re.fullmatch(r"-?\d+", c) for d in (-1, 1, 2)]
             if len(args) >= 2:
                 out.append(("swap_args", f, src[:m.start(1)] + ", ".join(args[1:2] + args[:1] + args[2:])
                             + src[m.end(1):]))
-            key = layout.prims.get(callee)
-            for other, okey in layout.prims.items():
-                if other != callee and key and (world.PRIMS[okey].src, world.PRIMS[okey].dst) == \
-                        (world.PRIMS[key].src, world.PRIMS[key].dst) and len(world.PRIMS[okey].consts) == \
-                        len(world.PRIMS[key].consts):
-                    out.append(("wrong_helper", f, src[:m.start()] + other + src[m.start() + len(callee):]))
+            key = layout.prims.get(callee)          # a helper of the same types and number of constants
+            out += [("wrong_helper", f, src[:m.start()] + other + src[m.start() + len(callee):])
+                    for other, okey in layout.prims.items() if other != callee and key and sig(okey) == sig(key)]
     kinds = sorted({m[0] for m in out})
     r.shuffle(kinds)                            # a kind at random, then one of its mutants at random
     return [m for ms in ([m for m in out if m[0] == k] for k in kinds) for m in r.sample(ms, len(ms))]
 
 
 def _variants(source):
-    """Every one-token variant of a function's body, as (kind, source), the faults' grammar each way: an
-    operator flipped (FLIP: "operator") or a comparison's twin (TWIN), an integer constant +-1 or +-2, a
-    `not` added ("branch") or dropped."""
+    """(kind, source) of each one-token variant of a function's body, the faults' grammar both ways: an operator
+    flipped (FLIP: "operator") or a comparison's twin (TWIN), an int +-1 or +-2, a `not` added ("branch") or gone."""
     head, _, body = source.partition('"""\n')
     out = [(k, body[:m.start(1)] + op + body[m.end(1):]) for m in re.finditer(r" (==|!=|>=|<=|>|<|\+|-|\*|//|%) ", body)
            for k, op in (("operator", FLIP.get(m[1])), ("twin", TWIN.get(m[1]))) if op]
@@ -367,8 +360,7 @@ def make_repo_task(split, seed, index, kind, difficulties=None):
         except RuntimeError:
             continue
         r = families.Random(f"repo/{split}/{seed}/{index}/{attempt}")
-        task = _build(r, task_id, split, program, spec, kind)
-        if task:
+        if task := _build(r, task_id, split, program, spec, kind):
             return task
     raise RuntimeError(f"no repository task for {task_id} in {MAX_TRIES} world programs")
 
@@ -392,8 +384,7 @@ def _build(r, task_id, split, program, spec, kind):
             world.degenerate(program, xs) or not all(_pinned(program, i, visible) for i in fact_steps):
         return None
     settings = [m + ".py" for m in r.sample(SETTINGS_MODULES, n_facts)] if n_facts else []
-    labels = ["N"] if n_facts == 1 else ["N1", "N2"]
-    notes = {i: (label, s) for i, label, s in zip(fact_steps, labels, settings)}
+    notes = {i: (label, s) for i, label, s in zip(fact_steps, ["N"] if n_facts == 1 else ["N1", "N2"], settings)}
     layout, home = _layout(r, program, entry, entry_mod, notes)
     if entry_mod in home.values() or len(layout.order) + 1 + len(settings) > 8:
         return None
@@ -434,9 +425,8 @@ def _build(r, task_id, split, program, spec, kind):
     caught = lambda new: _caught(visible, hidden, run(_render(layout, {**sources, **new}, settings_files), inputs))
     if kind in ("deleted", "config", "long"):
         gone = [helper_name(program.steps[i][0]) for i in notes] if notes else [r.choice(chain_prims)]
-        for h in gone:
-            broken[h] = _stub(sources[h], "raise NotImplementedError")
-            targets.append((home[h], h))
+        broken |= {h: _stub(sources[h], "raise NotImplementedError") for h in gone}
+        targets = [(home[h], h) for h in gone]
     else:
         n = 2 if kind == "two_bugs" else 1
         for mutation, f, new in _mutants(r, layout, sources, home):
@@ -455,10 +445,15 @@ def _build(r, task_id, split, program, spec, kind):
     files = _render(layout, broken, settings_files)
     if not _caught(visible, hidden, got := run(files, inputs)):
         return None
-    # issue 60: a near miss (_variants of a function to fix) wrong on the world's inputs fails a hidden case,
-    # and so does a table of what a function to fix receives on the visible calls: on some unseen hidden
-    # input each is handed new arguments where its broken version errs, and the entry point gives a value
-    # no visible test shows. A fresh input of the world's that shows what no hidden one does joins them.
+    test_file = "test_" + entry_mod
+    files[test_file] = _test_file(entry_mod[:-3], entry, visible)
+    issue = _symptom(entry, *next((a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)))
+    # a number stated anywhere else (another fact's too) would make the read needless
+    if any(_mentions(t, f["value"]) for f in facts for p, t in [*files.items(), ("", issue)] if p != f["file"]):
+        return None
+    # issue 60: a near miss (_variants of a function to fix) wrong on the world's inputs fails a hidden case, and so
+    # does a table of what a function to fix gets on the visible calls: an unseen hidden input hands each new arguments
+    # where its broken version errs, and gives a value no visible test shows. Else a fresh input that does joins them.
     pool = [[x] for x in world.sample_inputs(r, program.arg_type, 300) if [x] not in inputs]
     pool = [(x, o) for x, o in zip(pool, run(reference, pool)) if not isinstance(o, Exception)]
     for f, v in [(f, v) for _, f in targets for _, v in _variants(sources[f])]:
@@ -471,24 +466,15 @@ def _build(r, task_id, split, program, spec, kind):
         stub = _stub(sources[f], "raise LookupError((%s,))" % re.match(r"def \w+\((.*)\)", sources[f])[1])
         args = [e.args[0] if type(e) is LookupError else None for e in
                 run(_render(layout, {**sources, f: stub}, settings_files), [a for a, _ in cases])]
-        errs = [not same(a, b) for a, b in zip(outputs_of(reference, p[:-3], f, args), outputs_of(files, p[:-3], f, args))]
+        errs = [not same(a, b) for a, b in zip(*(outputs_of(fs, p[:-3], f, args) for fs in (reference, files)))]
         ok = [k and a is not None and a not in args[:n] and e for k, a, e in zip(ok, args, errs)]
     if True not in ok:
         return None
     hidden += [cases[ok.index(True)]] if ok.index(True) >= len(hidden) else []
-    inputs, outs = [a for a, _ in hidden], [o for _, o in hidden]
-    test_file = "test_" + entry_mod
-    files[test_file] = _test_file(entry_mod[:-3], entry, visible)
-    issue = _symptom(entry, *next((a, g, o) for (a, o), g in zip(visible, got) if not same(g, o)))
-    fixed = {p: reference[p] for p, _ in targets}
-    task = RepoTask(task_id, files, issue, entry_mod[:-3], entry, inputs, outs,
-                    test_file, kind, targets, fixed, _roles(files, entry_mod, targets, settings_files, test_file),
-                    mutations, "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps),
-                    facts=facts)
-    for f in facts:                             # a number stated anywhere else (another fact too) makes the read needless
-        if any(_mentions(t, f["value"]) for p, t in files.items() if p != f["file"]) or _mentions(issue, f["value"]):
-            return None
-    return task
+    return RepoTask(task_id, files, issue, entry_mod[:-3], entry, [a for a, _ in hidden], [o for _, o in hidden],
+                    test_file, kind, targets, {p: reference[p] for p, _ in targets},
+                    _roles(files, entry_mod, targets, settings_files, test_file), mutations,
+                    "" if split == "train" else spec["slice"], spec["difficulty"], len(program.steps), facts=facts)
 
 
 def _settings_numbers(r, program, steps, slice_):
