@@ -456,8 +456,7 @@ def _build(r, task_id, split, program, spec, kind):
     # where its broken version errs, and gives a value no visible test shows. Else a fresh input that does joins them.
     pool = [[x] for x in world.sample_inputs(r, program.arg_type, 300) if [x] not in inputs]
     pool = [(x, o) for x, o in zip(pool, run(reference, pool)) if not isinstance(o, Exception)]
-    for f, v in [(f, v) for _, f in targets for _, v in _variants(sources[f])]:
-        fs = _render(layout, {**sources, f: v}, settings_files)
+    for fs in [_render(layout, sources | {f: v}, settings_files) for _, f in targets for _, v in _variants(sources[f])]:
         if all(same(g, o) for g, (_, o) in zip(run(fs, [a for a, _ in hidden]), hidden)):
             hidden += [c for c, g in zip(pool, run(fs, [a for a, _ in pool])) if not same(g, c[1])][:1]
     cases, n = hidden + pool, len(visible)
