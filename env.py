@@ -718,9 +718,11 @@ class Tools:
         """The judge's verdict on each episode's final repository: its result. An episode that did not
         submit fails, whatever its repository holds: out of actions ("step_limit"), of summaries
         ("over_cap"; masking it instead lost: docs/notes.md), of well-formed actions ("format_errors")
-        or of context ("context")."""
+        or of context ("context"). The hidden cases' values are not kept: nothing reads them, and a
+        candidate's can decode to megabytes per episode."""
         results = pool.run_batch([hidden_run(t, e.repo) for t, e in items])
         for (_, e), r in zip(items, results):
+            r = dataclasses.replace(r, values=())
             e.result = r if e.end == "submit" or r.outcome == "sandbox_error" else dataclasses.replace(
                 r, reward=0.0, passed=False, outcome={"summary_cap": "over_cap"}.get(e.end, e.end))
 

@@ -492,3 +492,18 @@ def test_a_projects_verdict_is_judged_outside_the_candidate(pool):
     loose = "from shop import total\n\n\ndef test_1():\n    x = total([1, 2])\n    assert x > 2\n"
     task2 = agent.project_task({"shop.py": cheat, "test_shop.py": loose}, "test_shop.py", "total is wrong")
     assert agent.test_checks(loose) == {"test_1": None} and agent.project_verdict(pool, task2, good)[1] is False
+
+
+def test_the_judges_values_are_not_kept_in_the_episode(pool):
+    """The red team's rerun: a candidate whose entry point returns a huge value made every episode hold
+    the judge's decoded values (7-21 MB each); the verdict keeps none of them."""
+    from data.repos import generate_repo_tasks
+    t = generate_repo_tasks("test", 1, seed=11, difficulties=[1])[0]
+    tools = env.Tools()
+    e = env.Episode(0)
+    tools.start(t, e)
+    huge = f"def {t.entry_point}(*a):\n    return [0] * 100000\n"
+    e.repo[t.module + ".py"] = e.repo[t.module + ".py"] + "\n\n" + huge
+    e.end = "submit"
+    tools.finish(pool, [(t, e)])
+    assert e.result.values == () and not e.result.passed and e.result.n_tests == len(t.inputs)
