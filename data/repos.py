@@ -730,7 +730,8 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
     """One or more Transcripts per task: a teacher's episode through env.Tools itself (search.drive: the
     batch's sandbox runs together; a submit or the step limit ends it). teacher of the short tasks:
     "search" (data/search.py: the issue and the observations alone, its recoveries included) or
-    "oracle", a share (ORACLE_FRAC) from every file inlined; of the long ones, search.restart. A
+    "oracle", a share (ORACLE_FRAC) from every file inlined (eval's oracle format); of the long ones,
+    search.restart. A
     Transcript's `actions`: its actions and those naming what its context lacks (search.unpredictable);
     `episode`: its env.Episode. A long task runs in the harness of one of `memories`, drawn per task
     (env.long_tools; None: the whole context), its tokens counted by tok in a model of seq_len positions
@@ -740,7 +741,7 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
     eps = []
     for t in tasks:
         r = families.Random(f"transcript/{seed}/{t.task_id}")
-        inline = r.random() < ORACLE_FRAC and t.kind != "long" and teacher == "oracle"
+        inline = r.random() < ORACLE_FRAC and t.kind != "long"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
