@@ -102,8 +102,7 @@ a("--data", action="append", default=[], metavar="[NAME=]PATH", help="extra sour
   "in --mix")
 a("--mix", help="source weights NAME=W,... (normalised; 0 drops a source); built in: stdlib (this "
   "interpreter's Python stdlib), tasks (solved env train-split tasks), agent (a teacher's tool-use "
-  "transcripts of repository tasks, --agent-n; needs --init-from: its tokenizer gets the tool tokens; "
-  "agent_oracle: the oracle's)")
+  "transcripts of repository tasks, --agent-n; needs --init-from: its tokenizer gets the tool tokens)")
 a("--tasks-n", type=int, help="solved env train-split tasks in the tasks source")
 a("--task-difficulties", default="", help="difficulty levels of those tasks, as train_rl.py's --difficulties "
   "(e.g. 1-5: every level equally often); empty = the task world's own mix, mostly 3-4 step programs")
@@ -198,7 +197,7 @@ if init is None:   # a bad architecture is refused now, before any data is prepa
     except ValueError as e:
         common.die(str(e))
 user_data, mix = corpus.parse_sources(args.data, args.mix)
-if {"agent", "agent_oracle"} & set(mix):   # the agent's bootstrap (data/repos.py transcripts): the tools
+if "agent" in mix:   # the agent's bootstrap (data/repos.py transcripts): a base model learns the tools
     if tok is None:
         common.die("--mix agent=...: the agent transcripts need --init-from (a base model whose tokenizer "
                    "gets the tool tokens)")
@@ -276,8 +275,7 @@ def prepared_data():
         index = tasks.heldout_index(args.holdout_n)
         prep = corpus.prepare(args, mix, user_data, tok, cache_dir, lambda d: tasks.is_heldout(d, index),
                               {"tasks": lambda: repair.tasks_source(args),
-                               "agent": lambda: repos.agent_source(args, tok),
-                               "agent_oracle": lambda: repos.agent_source(args, tok, "oracle")})
+                               "agent": lambda: repos.agent_source(args, tok)})
         with common.atomic_open(manifest) as f:
             json.dump(prep, f)
     deadline = time.time() + 60 * PREP_WAIT_MIN
@@ -559,7 +557,6 @@ if master:
         "mfu": flops_per_token * tps / peak, "params_total": n_total, "params_active": n_active,
         "ckpt": ckpt_path, "tokenizer": os.path.join(args.out_dir, "tokenizer.json"), "steps": steps_done,
         "tokens": steps_done * tokens_per_step, "wall_s": time.time() - t_start, "out_dir": args.out_dir,
-        "data": prep["info"], "caches": prep["paths"],     # the agent's teachers: the worst source's share
-        "unpredictable_actions": max((i.get("unpredictable_actions", -1) for i in prep["info"].values()),
-                                     default=-1) if {"agent", "agent_oracle"} & set(mix) else None})
+        "data": prep["info"], "caches": prep["paths"],     # the teacher's actions on what it was shown
+        "unpredictable_actions": prep["info"].get("agent", {}).get("unpredictable_actions")})
 common.cleanup_ddp()

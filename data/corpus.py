@@ -34,7 +34,7 @@ from model import autocast
 import tokenizer
 from tokenizer import Tokenizer, train_tokenizer
 
-BUILT_IN = ("stdlib", "tasks", "agent", "agent_oracle")
+BUILT_IN = ("stdlib", "tasks", "agent")
 
 
 def parse_sources(specs, mix_spec):

@@ -36,7 +36,7 @@ import re
 import types
 
 from data import families, search, world
-from data.search import FLIP, definition     # the faults' operators; a def read from a module's text
+from data.search import FLIP     # the faults' operators
 TWIN = {">": ">=", ">=": ">", "<": "<=", "<=": "<", "!=": "=="}   # a comparison's (non-)strict twin
 
 DATA_NAMES = {world.INT: "n", world.STR: "text", world.INTS: "values", world.WORDS: "words",
@@ -585,108 +585,7 @@ class Transcript(str):
 
 
 
-def _grep_path(text):
-    m = re.match(r"([\w/]+\.py):\d+: ", text)
-    return m and m.group(1)
-
-
-def _calls(text, name):
-    """The functions `name`'s def calls, in order, read from a module's text."""
-    try:
-        body = definition(text, name)
-    except StopIteration:
-        return []
-    return [c for c in re.findall(r"(?<![\w.])(\w+)\(", body.split("\n", 1)[1]) if c not in dir(builtins)]
-
-
-def _frame(text):
-    """The last frame a traceback names: (file, function), or None."""
-    return (re.findall(r'File "([\w/]+\.py)", line \d+, in (\w+)', text) or [None])[-1]
-
-
-def oracle(task, r, budget, inline=False):
-    """The bootstrap's policy, a generator: it yields (action, payload) and is sent each observation.
-    It knows the reference (task.fixed), not where the fault is: it finds the entry point's module by
-    grep, reads it, follows its calls (grep, read, sometimes a run of a helper's docstring example), and
-    edits a function when what it read differs from the reference; after an edit it tests and goes on
-    while a test fails. deleted / config: the symptom's traceback (a run of the failing call) often
-    names the file and function at once; a docstring that names a settings module sends it there first.
-    With every file inlined (the oracle baseline's format) it reads nothing. At most `budget` actions,
-    submit included. Short tasks only: it remembers what it read (a long task's: search.restart)."""
-    seen = dict(task.files) if inline else {}
-    reference, call = solved_files(task), re.match(r"`(.*?)`", task.issue).group(1)     # the failing call
-    left, pending = budget, [f for _, f in task.targets]
-
-    def act(name, payload=""):
-        nonlocal left
-        left -= 1
-        return (yield name, payload)
-
-    def where(fn):                       # find fn's module: read, else grep for its def
-        return next((p for p, text in seen.items() if re.search(rf"^def {fn}\(", text, re.M)), None) or \
-            _grep_path((yield from act("grep", f"def {fn}(")))
-
-    def read(p):
-        if p not in seen:
-            seen[p] = yield from act("read", p)
-        return seen[p]
-
-    opening = r.random()
-    if opening < 0.3:
-        yield from act("test")
-    elif opening < 0.45:
-        yield from act("ls")
-    if task.kind in ("deleted", "config") and r.random() < 0.7:
-        frame = _frame((yield from act("run", call)))
-        queue = [frame[1]] if frame else [task.entry_point]
-    else:
-        queue = [task.entry_point]
-    if r.random() < 0.2 and left > 8:
-        yield from read(task.test_file)
-    done = set()
-    while queue and left > 3:
-        fn = queue.pop(0)
-        if fn in done:
-            continue
-        done.add(fn)
-        path = yield from where(fn)
-        if path is None:
-            continue
-        text = yield from read(path)
-        queue += [c for c in _calls(text, fn) if c not in done and c not in queue]
-        # every function of the chain this module defines is checked now, the one sought first
-        here = [fn] + [q for q in queue if re.search(rf"^def {q}\(", text, re.M)]
-        wrong = [f for f in here if f in pending]
-        if not wrong:
-            if r.random() < 0.25 and left > 5 and ">>> " in text and \
-                    (ex := re.search(rf">>> ({fn}\(.*\))$", text, re.M)):   # try a helper that turns out right
-                yield from act("run", ex.group(1))
-            continue
-        f = wrong[0]
-        done.add(f)
-        for fact in task.facts:          # the docstring names the module that holds the number
-            if f"set in {fact['file']}" in definition(reference[path], f, drop_doc=False):
-                yield from read(fact["file"])
-        if r.random() < 0.3 and left > 5 and (ex := re.search(rf">>> ({f}\(.*\))$", text, re.M)):
-            yield from act("run", ex.group(1))
-        yield from act("edit", f"{path}\n" + definition(reference[path], f))
-        pending.remove(f)
-        if wrong[1:]:
-            queue.insert(0, fn)           # this module holds another: back to it before testing
-            done.discard(fn)
-            continue
-        report = yield from act("test")
-        if report.split("\n")[0].endswith(" 0 failed"):
-            break
-        failing = re.search(r"^test_\w+: (.*)$", report, re.M)
-        if failing and "Error" in failing.group(1).split(":")[0] and left > 3:   # where does it raise?
-            frame = _frame((yield from act("run", call)))       # the traceback says
-            if frame and frame[1] not in done:
-                queue.insert(0, frame[1])
-    yield "submit", ""
-
-
-ORACLE_FRAC = 0.1     # transcripts in the format of eval.py's oracle baseline: every file inlined
+ORACLE_FRAC = 0.1     # short transcripts in the format of eval.py's oracle baseline: every file inlined
 LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
 # boot for all three, so that each method starts from the same checkpoint, taught its own format.
@@ -726,13 +625,12 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
     return True
 
 
-def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",), teacher="search"):
-    """One or more Transcripts per task: a teacher's episode through env.Tools itself (search.drive: the
-    batch's sandbox runs together; a submit or the step limit ends it). teacher of the short tasks:
-    "search" (data/search.py: the issue and the observations alone, its recoveries included) or
-    "oracle", a share (ORACLE_FRAC) from every file inlined (eval's oracle format); of the long ones,
-    search.restart. A
-    Transcript's `actions`: its actions and those naming what its context lacks (search.unpredictable);
+def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
+    """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive: the
+    batch's sandbox runs together; a submit or the step limit ends it). The teacher sees only what the
+    model will: of a short task, data/search.py's search (the prompt and the observations alone, its
+    recoveries included; a share, ORACLE_FRAC, from every file inlined, eval's oracle format); of a long
+    one, search.restart, built again from each fresh context. A Transcript's `actions`: its actions and those naming what its context lacks (search.unpredictable);
     `episode`: its env.Episode. A long task runs in the harness of one of `memories`, drawn per task
     (env.long_tools; None: the whole context), its tokens counted by tok in a model of seq_len positions
     (None: the window's), a Transcript per segment (_memory): the first ends on its summary, the next
@@ -746,8 +644,7 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
         prompt = tools.prompt(t)
-        policy = search.restart(prompt, tools.max_actions) if t.kind == "long" else oracle(
-            t, r, tools.max_actions, inline) if teacher == "oracle" else search.search(prompt, tools.max_actions)
+        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions)
         eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
 
@@ -765,10 +662,10 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
     return out
 
 
-def agent_source(args, tok, teacher="search", chunk=256):
-    """The pretraining "agent" source ("agent_oracle": teacher="oracle"; train_pretrain.py's --agent-n,
-    --seed, --task-difficulties): a teacher's episodes of train repository tasks (transcripts), LONG_SHARE
-    of them long (in BOOT_MEMORIES), a chunk at a time (the --source-mb cap stops it)."""
+def agent_source(args, tok, chunk=256):
+    """The pretraining "agent" source (train_pretrain.py's --agent-n, --seed, --task-difficulties): the
+    teacher's episodes of train repository tasks (transcripts), LONG_SHARE of them long (in
+    BOOT_MEMORIES), a chunk at a time (the --source-mb cap stops it)."""
     from data.tasks import parse_difficulties
     from sandbox import SandboxPool
     levels = parse_difficulties(args.task_difficulties)
@@ -776,7 +673,7 @@ def agent_source(args, tok, teacher="search", chunk=256):
         for i in range(0, args.agent_n, chunk):
             part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
-            yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES, teacher)
+            yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -17,7 +17,7 @@ import re
 import pytest
 
 import env
-from data import repos, world
+from data import repos, search, world
 
 SEEDS = (("test", 11), ("test", 29), ("test", 23), ("train", 0))
 MAX_ACTIONS = 12        # env.Tools' step limit: a guess is an edit and a test, and the episode ends on submit
@@ -117,7 +117,7 @@ def guess_search(t, values):
     when no value passes the visible tests."""
     (path, f), = t.targets
     fact, = t.facts
-    reference = repos.definition(t.fixed[path], f)
+    reference = search.definition(t.fixed[path], f)
     vis = [repr(a) for a, _ in repos.visible_cases(t)]
     shown = [repr(a) in vis for a in t.inputs]
     for k, v in enumerate(values, 1):
@@ -204,7 +204,7 @@ def test_a_near_miss_fix_that_is_wrong_fails_a_hidden_case(split, seed, index, k
     ref, xs = repos.solved_files(t), fresh(t)
     want = repos.outputs_of(ref, t.module, t.entry_point, xs)
     for path, f in t.targets:
-        src = repos.definition(ref[path], f)
+        src = search.definition(ref[path], f)
         head, body = src.split("\n", 1)
         for v in one_token_variants(body):
             files = {**ref, path: env.replace_function(ref[path], head + "\n" + v, path)[0]}
@@ -232,7 +232,7 @@ def test_no_table_of_the_visible_calls_passes(split, seed, index, kind):
         args = first_args(t, ref, path, f)
         table = {a: o for a, o in zip(args[:n], repos.outputs_of(ref, path[:-3], f, [ast.literal_eval(a) for a in args[:n]]))}
         params = re.search(rf"^def {f}\((.*)\):$", ref[path], re.M).group(1)
-        buggy = repos.definition(t.files[path], f).replace(f"def {f}(", f"def _{f}_broken(", 1)
+        buggy = search.definition(t.files[path], f).replace(f"def {f}(", f"def _{f}_broken(", 1)
         body = (f"def {f}({params}):\n    k = repr(({params},))\n    return {table!r}[k] if k in {table!r} else "
                 f"_{f}_broken({params})\n")
         files = {**t.files, path: env.replace_function(t.files[path], body, path)[0] + "\n\n" + buggy}
