@@ -163,12 +163,13 @@ def show_tools(tok, task, tools, episode, verdict, out):
     for t, x in enumerate(episode.turns, 1):
         action = tok.decode(x.tokens)
         if x.summary:     # the context passed its threshold: a summary, then a fresh context
-            print(f"--- turn {t}, a summary (then a fresh context: the issue and the summaries):\n{action}",
-                  file=out)
+            print(f"--- turn {t}, a summary (then a fresh context: the issue, the files, the actions left "
+                  f"and this summary):\n{action}", file=out)
             continue
         if t > 1 and x.segment > episode.turns[t - 2].segment and not episode.turns[t - 2].summary:
-            print(f"--- the context passed its threshold: rebuilt ({tools.memory}: the issue and the latest "
-                  f"turns{', old observations masked' if tools.memory == 'mask' else ''})", file=out)
+            masked = ", old observations masked" if tools.memory == "mask" else ""
+            print(f"--- the context passed its threshold: rebuilt ({tools.memory}: the issue, the files, the "
+                  f"actions left and the latest turns{masked})", file=out)
         print(f"--- turn {t}: {action}", file=out)
         if x.feedback:
             print(x.feedback if x.feedback.endswith("\n") else x.feedback + "\n", end="", file=out)
