@@ -92,4 +92,6 @@ def test_memory_trains_each_memory_over_seeds_and_measures_each_under_every_memo
     for f in figs.values():
         assert {"summary/pass@1", "mask/pass@1", "window/pass@1", "oracle_summary/pass@1"} <= set(f)
         assert "agent/pass@1" not in f and f["long/full_tokens_p50"] >= 1.5 * f["long/context"]
-    assert "summary - mask, novel" in table and is_png(tmp_path / "memory.png")
+    # per slice: the smoke's few long tasks may all fall in one slice (the world draws them)
+    assert "summary - mask, all" in table and is_png(tmp_path / "memory.png")
+    assert any(f"summary - mask, {s}" in table for s in ("near", "novel"))
