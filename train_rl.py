@@ -130,9 +130,10 @@ g.add_argument("--agent", action="store_true",
                     "tokens: train_pretrain.py --mix ...,agent=W); --prefilter is for function tasks only; "
                     "an in-run eval of N tasks runs N x eval_n episodes (run.sh passes --eval-tasks 0 and "
                     "measures with eval.py --agent)")
-g.add_argument("--memory", choices=["summary", "mask", "window"], default="summary",
+g.add_argument("--memory", choices=["summary", "mask", "window", "oracle"], default="summary",
                help="--agent's long tasks, past the context threshold: the model writes a summary and goes "
-                    "on from it; old observations masked; or a sliding window (env.Tools.rebuild)")
+                    "on from it; old observations masked; or a sliding window (env.Tools.rebuild); oracle: "
+                    "the harness writes the summary in the run's first half, then the model (ReSum's order)")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",

@@ -162,8 +162,9 @@ def tool_episodes(ctx, tasks, seed, stats):
     episode's advantage (rl.algo.segments)."""
     t0, eps = time.time(), []
     long = {i for i, t in enumerate(tasks) if t.kind == "long"}
+    memory = ctx.state["long_memory"] = long_memory(ctx, seed.step)
     for tools, idx, part in ((env.Tools(), [i for i in range(len(tasks)) if i not in long], "rollout"),
-                             (env.long_tools(ctx.args.memory), sorted(long), "long")):
+                             (env.long_tools(memory), sorted(long), "long")):
         if idx:
             run = env.run_episodes(ctx.model, ctx.tok, [tasks[i] for i in idx], tools=tools, pool=ctx.pool,
                                       generator=rng(ctx, seed._replace(part=part)), **sampling_kw(ctx))
@@ -177,6 +178,18 @@ def tool_episodes(ctx, tasks, seed, stats):
         if e.task_idx in long:
             long_stats(tasks[e.task_idx], e, stats)
     return eps, [e.result for e in eps]
+
+
+def long_memory(ctx, step):
+    """The long tasks' memory at this step. --memory oracle: the harness writes the summary (the state
+    the actions reached, env.summary_text) in the run's first half, by its clock (else its steps), then
+    the model its own: RL first meets summaries from which an episode can earn a reward, then learns to
+    write them (ReSum's order: a summary tool first, then the agent trained on it; arXiv 2509.13313)."""
+    a = ctx.args
+    if a.memory != "oracle":
+        return a.memory
+    half = time.time() - ctx.t_start < 30 * a.max_minutes if a.max_minutes > 0 else step < a.steps / 2
+    return "oracle" if half else "summary"
 
 
 def long_stats(task, e, stats):
@@ -441,7 +454,7 @@ def record(ctx, step, stats, pbar):
     if args.agent:           # tool calls and malformed actions per episode; the long tasks' summaries
         rec.update(tool_calls=s["tool_calls_sum"] / max(s["len_n"], 1),
                    format_errors=s["format_errors_sum"] / max(s["len_n"], 1),
-                   long_pass_rate=per("long_passes", "long_n"),
+                   long_pass_rate=per("long_passes", "long_n"), long_memory=ctx.state.get("long_memory"),
                    summaries_per_episode=per("summaries_sum", "long_n"),
                    summary_len=per("summary_tokens_sum", "summaries_sum"), over_cap=per("over_cap", "long_n"),
                    fact_retention=per("facts_kept", "facts_read"),

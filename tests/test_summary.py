@@ -349,6 +349,28 @@ def test_the_oracle_summary_is_the_harness_s_own_and_names_only_what_was_read(to
     assert n
 
 
+def test_rl_memory_oracle_trains_under_the_harness_s_summary_first_then_the_model_s(tok, pool, long_tasks):
+    """train_rl.py --memory oracle: long tasks under the harness's summary in the run's first half (by its
+    clock, else by its steps), then under the model's own; the harness's summary is fed, never a target."""
+    import time
+    from types import SimpleNamespace
+    at = lambda memory, minutes, ago, step=0: rollouts.long_memory(SimpleNamespace(
+        args=SimpleNamespace(memory=memory, max_minutes=minutes, steps=10), t_start=time.time() - 60 * ago), step)
+    assert [at("oracle", 10, 4.9), at("oracle", 10, 5.1), at("window", 10, 1)] == ["oracle", "summary", "window"]
+    assert [at("oracle", 0, 99, 4), at("oracle", 0, 0, 5)] == ["oracle", "summary"]
+    tools = env.long_tools(at("oracle", 10, 0))
+    tools.max_errors, tools.window = 6, 400
+    eps = env.run_episodes(loud_model(tok), tok, long_tasks[:2], 2, tools, pool, temperature=1.0,
+                           max_new_tokens=24, batch_size=4, generator=torch.Generator().manual_seed(4))
+    for e in eps:
+        segs = rl.segments(e)
+        assert len(segs) == len(e.summaries) + 1 and sum(len(rl.flatten(s)[2]) for s in segs) == \
+            sum(len(x.tokens) for x in e.turns)             # the targets: the sampled tokens alone
+        for s, summary in zip(segs[1:], e.summaries):       # each later segment starts from the summary, fed
+            assert s.turns[0].prompt_ids[-len(summary):] == summary
+    assert any(e.summaries for e in eps)
+
+
 def test_eval_counts_the_summaries_that_name_a_file_the_repository_lacks(tok, pool, long_tasks):
     """eval.py's summary/bad_paths: the share of the model's own summaries that name a path the task's
     repository does not hold (issue 63: 86 of 96 did). Each summary is rewritten to name a file of
