@@ -47,8 +47,9 @@ def test_dry_run_plans_for_1_2_4_8_processes(script):
     ("train_pretrain.py", ["--world-size", "3"], "use --batch-tokens"),
     pytest.param("train_pretrain.py", ["--plan-device", "L4", "--micro-batch", "128"], "use a smaller --micro-batch",
                  marks=pytest.mark.slow),       # the H100 case below refuses the same way; ~4 s each
-    # ~98 GB: the activations the old per-layer formula counted at half their size passed this one
-    ("train_pretrain.py", ["--plan-device", "H100", "--micro-batch", "128"], "use a smaller --micro-batch"),
+    # ~98 GB: the activations the old per-layer formula counted at half their size passed this one (~6 s)
+    pytest.param("train_pretrain.py", ["--plan-device", "H100", "--micro-batch", "128"],
+                 "use a smaller --micro-batch", marks=pytest.mark.slow),
     ("train_rl.py", ["--world-size", "3"], "use --batch-tasks 63"),
     ("train_pretrain.py", ["--plan-device", "Z80"], "name one of them"),
 ])
@@ -131,7 +132,7 @@ def test_host_syncs_are_counted_on_cpu():
     assert dict(vars(torch.Tensor)) == before
 
 
-@pytest.mark.parametrize("arch", ["cpu", "gpu"])
+@pytest.mark.parametrize("arch", ["cpu", pytest.param("gpu", marks=pytest.mark.slow)])   # gpu: ~8 s
 def test_planned_activations_match_the_whole_model(arch):
     """The plan's activation memory (plan.activation_bytes_per_token: measured on the dense layers
     plus one and two MoE layers at 16-32 tokens, extrapolated to the depth) against saved-for-backward

@@ -212,12 +212,13 @@ def test_nan_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, cac
 @pytest.mark.parametrize("flags, message", [
     (["--data", "/nonexistent/dir", "--mix", "data=1"], "no such file or directory"),
     (["--init-from", "/nonexistent/ckpt.pt"], "no checkpoint at"),
-    (["--resume"], "no checkpoint at"),
+    *[pytest.param(*case, marks=pytest.mark.slow) for case in (     # ~1.6 s each: a fresh interpreter
+        (["--resume"], "no checkpoint at"),
+        (["--data", "mine=DIR"], "has no weight in --mix"),
+        (["--source-mb", "-1"], "--source-mb must be >= 0"),
+        (["--task-difficulties", "0-2"], "--task-difficulties: difficulties '0-2'"))],
     (["--mix", "stdlib=1,nope=1"], "unknown source"),
-    (["--data", "mine=DIR"], "has no weight in --mix"),
     (["--data", "DIR", "--mix", "data=1"], "has no usable documents"),
-    (["--source-mb", "-1"], "--source-mb must be >= 0"),
-    (["--task-difficulties", "0-2"], "--task-difficulties: difficulties '0-2'"),
     (["--expert-hidden", "100"], "use expert_hidden 104 (--expert-hidden)"),   # crashes grouped_mm on a GPU
 ])
 def test_clear_one_line_errors(tmp_path, cache, flags, message):

@@ -19,7 +19,8 @@ import pytest
 import env
 from data import repos, search, world
 
-SEEDS = (("test", 11), ("test", 29), ("test", 23), ("train", 0))
+# one seed in the fast suite, the others (each a few seconds a test) in the slow one
+SEEDS = (("test", 11), *(pytest.param(*s, marks=pytest.mark.slow) for s in (("test", 29), ("test", 23), ("train", 0))))
 MAX_ACTIONS = 12        # env.Tools' step limit: a guess is an edit and a test, and the episode ends on submit
 
 

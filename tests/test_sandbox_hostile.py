@@ -395,7 +395,8 @@ def test_nothing_left_on_disk():
     assert left == [(base, ["judge"], []), (base + "/judge", [], [])], left[:3]
     assert not os.path.exists(host_base)
 
-@pytest.mark.parametrize("namespaces", [True, False], ids=["pidns", "namespaces_forbidden"])
+@pytest.mark.parametrize("namespaces", [True, pytest.param(False, marks=pytest.mark.slow)],   # ~5 s each
+                         ids=["pidns", "namespaces_forbidden"])
 def test_killed_worker_leaves_nothing(monkeypatch, namespaces):
     # without a PID namespace (a container that forbids them) the pool kills by the worker's uids
     monkeypatch.setattr(SandboxPool, "_namespaces", namespaces)

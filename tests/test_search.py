@@ -176,6 +176,7 @@ def test_every_long_transcript_names_only_what_its_context_holds_and_replays_fro
         assert replayed == sum(len(d.episode.actions) for d in {id(d.episode): d for d in docs}.values())
 
 
+@pytest.mark.slow   # ~6 s
 def test_the_long_teacher_passes_under_its_summaries_at_least_as_often_as_under_a_window(pool, stdlib_tok):
     """The teacher's ceiling per memory, within the step limit, on the long tasks of held-out seed 11:
     restarting from summaries it passes at least as often as under a sliding window (the oracle with

@@ -206,6 +206,7 @@ def test_speculative_sampling_matches_the_model_distribution(overlapping):
     assert tv < 0.04, tv
 
 
+@pytest.mark.slow   # ~4 s: the test of the test
 @pytest.mark.parametrize("wrong", ["keep always", "q / p"])
 def test_the_distribution_test_fails_on_a_wrong_acceptance_rule(overlapping, monkeypatch, wrong):
     rule = {"keep always": lambda p, q: torch.ones_like(p), "q / p": lambda p, q: (q / p).clamp(max=1.0)}[wrong]
