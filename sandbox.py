@@ -345,14 +345,12 @@ def probe(iso, base, fallback):
     pid = os.fork()
     if pid == 0:
         code = 0
-        try:
+        with contextlib.suppress(OSError):
             if fallback:
                 raise PermissionError("no chroot in the fallback path")
             os.chroot(base)
             os.chdir("/")
             code |= 1
-        except OSError:
-            pass
         try:
             if iso["uid"] is not None:
                 os.setgroups([])
@@ -380,10 +378,8 @@ def zygote(cfg, base, sock_fd):
     """Forks children on request; reads nothing but roles, directories, uids and fds."""
     sock = socket.socket(fileno=sock_fd)
     for name in cfg["preload"]:            # the children cannot import from disk (chroot)
-        try:
+        with contextlib.suppress(Exception):
             __import__(name)
-        except Exception:
-            pass
     iso = {"uid": cfg["uid"]}
     code = probe(iso, base, cfg["fallback"])
     iso.update(chroot=bool(code & 1), nproc=bool(code & 4), uid=iso["uid"] if code & 2 else None,
@@ -510,13 +506,11 @@ class Supervisor:
         # kills every candidate and judge, so nothing outlives a killed worker; they see no host pid
         self.iso["pidns"] = libc.unshare(CLONE_NEWPID) == 0
         if libc.unshare(CLONE_NEWIPC) == 0:
-            try:
+            with contextlib.suppress(OSError):
                 for path, value in IPC_LIMITS.items():
                     with open(path, "w") as f:
                         f.write(value)
                 self.iso["ipcns"] = True
-            except OSError:
-                pass
         libc.unshare(CLONE_NEWUTS)
         if libc.unshare(CLONE_NEWNS) == 0 and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0:
             # a tmpfs on our own directory only, seen by this mount table only (see the docstring)
@@ -559,16 +553,12 @@ class Supervisor:
     def _drop_workdir(self, wd, deadline):
         """Never raises, bounded: unmount the run's tmpfs as a whole, else remove what we can."""
         if self.iso["tmpfs_per_run"] and self.libc.umount2(wd.encode(), MNT_DETACH) == 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(wd)
                 return
-            except OSError:
-                pass
         if not remove_tree(wd, deadline):   # leftovers (fallback path only): out of the way, never reused
-            try:
+            with contextlib.suppress(OSError):
                 os.rename(wd, wd + ".left")
-            except OSError:
-                pass
 
     def run(self, job):
         t0 = time.monotonic()
@@ -638,10 +628,8 @@ class Supervisor:
 
     def close(self):
         self.sock.close()                  # EOF: the zygote exits
-        try:
+        with contextlib.suppress(OSError):
             os.waitpid(self.zygote_pid, 0)
-        except OSError:
-            pass
         if self.iso["private_tmp"]:        # its contents vanish with it; the host keeps an empty dir
             self.libc.umount2(self.base.encode(), MNT_DETACH)
         remove_tree(self.base, time.monotonic() + 5)
@@ -664,10 +652,8 @@ def drain(fd, buf, cap):
 
 def kill_group(pid):
     for kill in (os.killpg, os.kill):
-        try:
+        with contextlib.suppress(OSError):
             kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 def remove_tree(path, deadline):
     """Remove a directory tree without recursion and without long paths (a program can nest
@@ -684,7 +670,7 @@ def remove_tree(path, deadline):
 
     def empty(fd):
         for e in list(os.scandir(fd)):
-            try:
+            with contextlib.suppress(BaseException):
                 if e.is_dir(follow_symlinks=False):
                     os.chmod(e.name, 0o700, dir_fd=fd)
                     count[0] += 1
@@ -693,22 +679,18 @@ def remove_tree(path, deadline):
                     moved.append(name)
                 else:
                     os.unlink(e.name, dir_fd=fd)
-            except BaseException:
-                pass
 
     try:
         empty(top)
         while moved and time.monotonic() < deadline:
             name = moved.pop()
-            try:
+            with contextlib.suppress(BaseException):
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
                 try:
                     empty(fd)
                 finally:
                     os.close(fd)
                 os.rmdir(name, dir_fd=top)
-            except BaseException:
-                pass
         os.close(top)
         os.rmdir(path)
         return True
@@ -835,13 +817,11 @@ def _kill_uids(uids):
     """SIGKILL every process whose real uid is one of `uids` (a dead worker's candidates and judges:
     their uids are unique to that worker). Where there is no PID namespace to do it, this does."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
+        with contextlib.suppress(OSError, StopIteration, ValueError):
             with open(f"/proc/{pid}/status") as f:
                 uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
             if uid in uids:
                 os.kill(int(pid), signal.SIGKILL)
-        except (OSError, StopIteration, ValueError):
-            pass
 
 class SandboxPool:
     """Warm workers (one per core, the cores shared among local ranks: default_workers) that run each
@@ -943,10 +923,8 @@ class SandboxPool:
     def _restart(self, i):                 # never raises: the serving thread must survive
         old = self._procs[i]
         for f in (old.kill, old.wait, old.stdin.close, old.stdout.close):
-            try:
+            with contextlib.suppress(Exception):   # e.g. BrokenPipeError flushing into a dead worker
                 f()
-            except Exception:                  # e.g. BrokenPipeError flushing into a dead worker
-                pass
         if old.info["uid"] is not None and not old.info["pidns"]:
             _kill_uids((old.info["uid"], old.info["uid"] + 1))   # no PID namespace: by uid instead
         remove_tree(old.info["base"], time.monotonic() + 5)      # a killed worker left its (empty) dir
