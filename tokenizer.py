@@ -1,7 +1,7 @@
 """
 A byte-level BPE tokenizer for code: our own trainer, tiktoken for encoding/decoding.
 
-    tok = train_tokenizer(stdlib_texts(), 8192)      # train on the stdlib sources (train_pretrain.py does)
+    tok = train_tokenizer(texts, 8192)      # texts: e.g. data/corpus.py's stdlib_docs, as train_pretrain.py
     python -c "from tokenizer import Tokenizer; print(Tokenizer.load('tok.json').encode('def f(x):'))"
 
 Why its own module: the pretraining, RL and eval scripts must all tokenize *identically*
@@ -234,27 +234,6 @@ class Tokenizer:
                 return Tokenizer.from_dict(json.load(f))
         except (OSError, ValueError) as e:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"bad tokenizer file {path}: {e}") from None
-
-
-def stdlib_texts(max_mb: float | None = None) -> list[str]:
-    """Default corpus: the running interpreter's stdlib *.py (no test/, idlelib, site-packages),
-    sorted by path, truncated after `max_mb` MB of text. Deterministic for a given Python build."""
-    import pathlib
-    import sysconfig
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    skip = lambda parts: any(p in ("site-packages", "idlelib") or p.startswith("test") for p in parts)
-    texts, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if skip(path.relative_to(root).parts[:-1]):
-            continue
-        try:
-            texts.append(path.read_text("utf-8"))
-        except (OSError, UnicodeDecodeError):
-            continue
-        total += len(texts[-1])
-        if max_mb is not None and total >= max_mb * 1e6:
-            break
-    return texts
 
 
 # ----------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from unittest import mock
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads starve the sandbox
@@ -321,7 +322,8 @@ def bench_generation(quick, device=CPU):
 def bench_tokenizer(quick, device=CPU):
     """BPE training and encoding: CPU work whatever --device says (device is ignored)."""
     import tokenizer as T
-    texts = T.stdlib_texts()                      # the default corpus, always the full one (seconds)
+    from data.corpus import stdlib_docs
+    texts = list(stdlib_docs(Counter()))          # the default corpus, always the full one (seconds)
     n_bytes = sum(len(t.encode()) for t in texts)
     tok, t_train = timed(lambda: T.train_tokenizer(texts, 8192))
     n_tokens, t_encode = timed(lambda: sum(map(len, tok.encode_batch(texts))))

@@ -1,4 +1,5 @@
 """Tests for tokenizer.py (CPU, small vocabularies): timeout 300 python -m pytest tests/test_tokenizer.py -q"""
+import collections
 import json
 import random
 import sys
@@ -8,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tokenizer as T  # noqa: E402
+from data.corpus import capped, stdlib_docs  # noqa: E402
 from data.tasks import generate_tasks  # noqa: E402
 
 WEIRD = [
@@ -21,7 +23,7 @@ WEIRD = [
 
 @pytest.fixture(scope="module")
 def texts():
-    return T.stdlib_texts(max_mb=0.5)
+    return list(capped(stdlib_docs(collections.Counter()), 0.5))   # the stdlib's first 0.5 MB
 
 
 @pytest.fixture(scope="module")
