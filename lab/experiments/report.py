@@ -23,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from infra.cli import ArgumentParser, die  # noqa: E402  (bad input: one line `error: ...`, exit code 2)
+from lab.plot import plt, read_metrics  # noqa: E402  (matplotlib, files only; the metrics.jsonl reader)
 
 PRE_KEYS = [("params_active", "active params"), ("params_total", "total params"), ("tokens", "pretrain tokens"), ("val_loss", "val loss"), ("val_bpb", "val bits/byte")]
 RL_KEYS = [("pass@1_{}", "pass@1 all"), ("pass@1_near_{}", "pass@1 near"), ("pass@1_novel_{}", "pass@1 novel"),
@@ -39,17 +40,9 @@ def load_json(path):
 
 def metrics_mean(summary, key):
     """Mean of one per-step key over an RL run's metrics.jsonl (e.g. logp_mismatch, clip_frac)."""
-    vals = []
     path = summary.get("metrics", "")
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    v = json.loads(line).get(key)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(v, (int, float)):
-                    vals.append(v)
+    records = read_metrics(path) if os.path.isfile(path) else []
+    vals = [v for r in records if isinstance(v := r.get(key), (int, float))]
     return statistics.fmean(vals) if vals else None
 
 
@@ -116,9 +109,6 @@ def markdown(rows, title):
 
 def scatter(runs, path):
     """Finding 1: lower loss after continued pretraining -> higher reward after the same RL run?"""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for i, (sl, marker) in enumerate((("near", "o"), ("novel", "s"))):
         for when, fill in (("before", "none"), ("after", f"C{i}")):
@@ -197,9 +187,6 @@ def memory_report(out_dir):
 
 def memory_figure(rows, path):
     """pass@1 on long tasks: each trained memory (mean of its seeds) under each memory at eval."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     names = [n for n in rows if "mean of" in n] or [n for n in rows if n != "boot"]
     evals = [f"under {k}" for k in MEMORIES + ("oracle_summary",)]
     fig, ax = plt.subplots(figsize=(7, 4))
