@@ -584,7 +584,6 @@ class Transcript(str):
     segments, episode = (), None
 
 
-
 ORACLE_FRAC = 0.1     # short transcripts in the format of eval.py's oracle baseline: every file inlined
 LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one

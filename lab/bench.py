@@ -705,7 +705,6 @@ if __name__ == "__main__":
     parser.add_argument("--out-dir", default=None, help="also write the JSON line to OUT_DIR/bench.json")
     parser.add_argument("--quick", action="store_true", help="shorter runs, and by default every part but rl: "
                         "about 2 min on 2 cores")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--ckpt", default=None, help="speculative: a checkpoint with MTP modules "
                         "(train_mtp.py); episodes: an agent checkpoint (run.sh AGENT=1's boot or rl)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when visible); "
@@ -713,8 +712,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if set(args.parts) - set(PARTS):
         parser.error(f"unknown part {sorted(set(args.parts) - set(PARTS))[0]!r} (choose from {', '.join(PARTS)})")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     from infra import common
     device = common.pick_device(args.device)
     parts = args.parts or [p for p in PARTS if not (args.quick and p == "rl")]
