@@ -15,6 +15,7 @@ evaluated in (Composer 2 report, "harness parity"). Its parts:
     python -m data.tasks check --split test --n 200               # reference solutions through the sandbox
 """
 import ast
+import contextlib
 import dataclasses
 import io
 import random
@@ -117,13 +118,11 @@ def visible_tests(task) -> list[tuple[list, object]]:
     for source, want in zip(lines, lines[1:]):
         if not source.startswith(">>> ") or not want or want.startswith(">>>"):
             continue
-        try:
+        with contextlib.suppress(SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
             call = ast.parse(source[4:], mode="eval").body
             if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
                     and call.func.id == task.entry_point and not call.keywords):
                 out.append(([ast.literal_eval(a) for a in call.args], ast.literal_eval(want)))
-        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-            continue
     return out
 
 def visible_task(task):

@@ -21,7 +21,7 @@ import json
 import random
 import time
 
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import env
 from sandbox import SandboxPool
@@ -171,11 +171,9 @@ def _mutant(source, rewrite, target):
     text = ast.unparse(new).replace("\n", "\n" + " " * old.col_offset)   # a block keeps its indentation
     for piece in (text, f"({text})"):
         out = (data[:begin] + piece.encode() + data[end:]).decode()
-        try:
+        with suppress(SyntaxError):
             if ast.dump(ast.parse(out)) == ast.dump(tree):
                 return out
-        except SyntaxError:
-            continue
     return None
 
 

