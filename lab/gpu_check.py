@@ -19,6 +19,11 @@ from unittest import mock
 import torch
 
 from lab.bench import CPU, ROOT, bench_model, run_script, timed
+import env
+import sampling
+from data.tasks import generate_tasks
+from infra import common
+from model import GPTConfig, MoE, attend, native_grouped_mm
 from sandbox import SandboxPool
 
 COLLECTIVES = """
@@ -143,7 +148,6 @@ def gpu_check_kernels(cuda):
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm")}
     if cuda:   # grouped_mm's own kernel (else MoE.experts avoids its host-syncing fallback)
-        from model import native_grouped_mm
         out["grouped_mm_native"] = native_grouped_mm(torch.cuda.current_device())
     dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     q = torch.randn(4, 12, 512, 64, device=dev, dtype=dt)
@@ -156,7 +160,6 @@ def gpu_check_kernels(cuda):
             out[f"sdpa_{name}"] = True
         except RuntimeError:
             out[f"sdpa_{name}"] = False
-    from model import attend
     # a causal grouped-query call as every training forward makes it (Attention: no mask, so model.attend
     # passes is_causal with enable_gqa), forward and backward on each fused backend alone, against the
     # math backend in fp32
@@ -210,7 +213,6 @@ def grouped_vs_loop(device, dtype, E=8, D=64, H=64, N=192, k=2, seed=0):
     gets no token and E-2 exactly one; pytorch#172439 reports wrong gradients for an empty group on
     B200. bf16: under autocast, as training runs. Returns matches (every difference within float
     rounding, everything finite, and the empty expert's weight gradients exactly 0), max_rel_err, empty_grad."""
-    from model import GPTConfig, MoE
     g = torch.Generator().manual_seed(seed)
     moe = MoE(GPTConfig(vocab_size=256, n_embd=D, n_head=4, n_kv_head=2, n_expert=E, top_k=k,
                         n_shared_expert=0, expert_hidden=H))
@@ -257,7 +259,6 @@ def host_syncs_per_token(model, prompts, device, n_new=33, fp32=False):
     """GPU synchronisations per decode step of sampling.generate (count_host_syncs): n_new tokens against
     one, no stop id; sampling.SYNC_FREE reads every DONE_EVERY tokens. fp32: sampling.retiring outside
     autocast instead (the MoE's dense no-grad path, MoE.DENSE_ROWS)."""
-    import sampling
     decode = sampling.retiring if fp32 else sampling.generate
     counts = [count_host_syncs(lambda: decode(model, prompts, n, temperature=1.0,
                                               generator=torch.Generator(device).manual_seed(0)), device)[1]
@@ -269,10 +270,6 @@ def gpu_check_generate(ckpt, device):
     """Sampling throughput of the checkpoint just trained: 64 rows x 128 new tokens (8 x 16 reduced),
     and on a GPU the host synchronisations per generated token (goal: under one, issue 38).
     sampling.generate decodes under bf16 autocast on a GPU, as training runs."""
-    from infra import common
-    import sampling
-    import env
-    from data.tasks import generate_tasks
     cuda = device.type == "cuda"
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
     model.eval()
@@ -296,10 +293,6 @@ def gpu_check_episodes(ckpt, device):
     warm-up; tokens/s of each, their ratio, and the share of episodes whose tokens agree (the loops
     sample alike, but bf16 rounds a row differently beside other rows, and one flipped draw changes
     the rest of its episode). The host reads which rows ended at every token of the continuous loop."""
-    from infra import common
-    import sampling
-    import env
-    from data.tasks import generate_tasks
     cuda = device.type == "cuda"
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
     model.eval()
@@ -329,12 +322,9 @@ def gpu_check_train_syncs(ckpt, device, preset):
     one micro-batch after a warm-up one. Each sync stalls the GPU's queue (issue 44, item 7)."""
     from types import SimpleNamespace
     import train_rl
-    from data.tasks import generate_tasks
-    from infra import common
     from rl.algo import batch_tensors, segments
     model, tok, _ = common.load_checkpoint(ckpt, device=device)
     args = common.parse_args(train_rl.p, train_rl.PRESETS, ["--preset", preset])
-    import env
     with SandboxPool(workers=1) as pool:
         eps = env.run_episodes(model, tok, generate_tasks("train", 2, seed=0), 8, env.Feedback(1), pool,
                                   temperature=1.0, max_new_tokens=64, return_routes=True,
