@@ -302,8 +302,9 @@ def unpredictable(segments):
             continue
         n += 1
         context = "".join(s for s, _, _ in segments[:i])
-        # a path by its module's name (`from lists import *` names lists.py); one-digit numbers are free
+        # a path by its module's name (`from lists import *` names lists.py); one-digit numbers and 10 (the
+        # base that "the last digit" means: `x % 10`) are free
         names = re.findall(r"([\w/]+)\.py|(?<![\w.])(\w+)\(|(?<![\w.])(\d\d+)(?![\w.])", text)
         bad += any(not re.search(rf"(?<!\w){re.escape(w.replace('/', '.'))}(?!\w)", context)
-                   for w in filter(None, sum(names, ())) if w not in dir(builtins))
+                   for w in filter(None, sum(names, ())) if w not in dir(builtins) and w != "10")
     return n, bad

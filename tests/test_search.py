@@ -82,13 +82,14 @@ def test_unpredictable_counts_what_an_action_names_that_its_context_does_not_hol
     """Worked segments: a read of a module the context names (`from lists import *`) and an edit whose
     numbers and calls stand in the context are predictable; a read of a file never named, an edit calling a
     helper never shown, and a two-digit number never shown are not. The summary the model writes is no
-    action; one-digit numbers and builtins are free."""
+    action; one-digit numbers, 10 (`x % 10` for "the last digit") and builtins are free."""
     act = lambda name, payload: env.action_segments(name, payload)
     obs = env.observation_segments
     segs = ([("# Issue\n`f([3])` returns 4, expected 19.\n", True, False)] + act("read", "app.py") +
             obs("from lists import *\ndef f(v):\n    '''Add 16.'''\n    return g(v, 16)") +
             act("read", "lists.py") + obs("def g(v, k): ...") + act("read", "settings.py") + obs("error") +
-            act("edit", "lists.py\ndef g(v, k):\n    return [x + k + 1 for x in sorted(v)]") + obs("ok") +
+            act("edit", "lists.py\ndef g(v, k):\n    return [x + k + 1 for x in sorted(v, key=lambda x: x % 10)]") +
+            obs("ok") +
             act("edit", "app.py\ndef f(v):\n    return h(v, 16)") + obs("ok") +
             act("edit", "app.py\ndef f(v):\n    return g(v, 17)") + obs("ok") +
             [("<|summary|>", False, True), ("fix q in nowhere.py", False, False), ("<|end|>", False, True)] +
