@@ -21,6 +21,7 @@ import io
 import random
 import re
 import textwrap
+import threading
 import time
 import tokenize
 
@@ -93,6 +94,18 @@ def corpus_text(task) -> str:
         raise ValueError(f"task {task.task_id} has no solution")
     return render_prompt(task) + task.solution
 
+# One parse at a time in this process: CPython 3.11's AST constructor keeps one recursion count per
+# interpreter, so a parse in another thread while one builds its tree (a garbage collection inside it
+# lets the other thread run) makes the first raise SystemError (gh-106905). The trainer's two decode
+# streams apply their actions at once (sampling.side_by_side).
+_PARSING = threading.Lock()
+
+
+def parse(source, mode="exec"):
+    with _PARSING:
+        return ast.parse(source, mode=mode)
+
+
 # ----------------------------------------------------------------------------- episodes (multi-turn)
 # The agentic loop in miniature (Composer 2 trains "in the same harness" the deployed model works in):
 # write the body, run the docstring's examples (the only tests the model can see), read what failed,
@@ -101,7 +114,7 @@ def corpus_text(task) -> str:
 def _entry_def(task):
     """The prompt's `def` of the entry point as an AST node (None if the prompt does not parse)."""
     try:
-        return next(n for n in ast.walk(ast.parse(render_prompt(task) + "    pass\n"))
+        return next(n for n in ast.walk(parse(render_prompt(task) + "    pass\n"))
                     if isinstance(n, ast.FunctionDef) and n.name == task.entry_point)
     except (SyntaxError, StopIteration, ValueError, MemoryError, RecursionError):
         return None
@@ -119,7 +132,7 @@ def visible_tests(task) -> list[tuple[list, object]]:
         if not source.startswith(">>> ") or not want or want.startswith(">>>"):
             continue
         with contextlib.suppress(SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-            call = ast.parse(source[4:], mode="eval").body
+            call = parse(source[4:], mode="eval").body
             if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
                     and call.func.id == task.entry_point and not call.keywords):
                 out.append(([ast.literal_eval(a) for a in call.args], ast.literal_eval(want)))
@@ -269,7 +282,7 @@ def replace_function(source, definition, path="the file"):
     definition = textwrap.dedent(definition.replace("\r\n", "\n").replace("\r", "\n")).strip("\n") + "\n"
     source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
-        new = ast.parse(definition).body
+        new = parse(definition).body
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ValueError(f"error: the definition does not parse: {getattr(e, 'msg', type(e).__name__)}{line}")
@@ -277,7 +290,7 @@ def replace_function(source, definition, path="the file"):
         raise ValueError("error: an edit is the path on its first line, then one whole `def` of a function")
     name = new[0].name
     try:
-        old = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+        old = [n for n in parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         raise ValueError(f"error: {path} does not parse")
     if not old:
@@ -288,7 +301,7 @@ def replace_function(source, definition, path="the file"):
     if len(out) > MAX_FILE_CHARS:
         raise ValueError(f"error: {path} would exceed {MAX_FILE_CHARS} characters")
     try:
-        ast.parse(out)
+        parse(out)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         raise ValueError(f"error: {path} would not parse after the edit")
     return out, name
@@ -345,7 +358,7 @@ def visible_run(task, repo):
     """The visible tests of the agent's copy as a Run (each test_* function of its test file, one
     call each), or a one-line error (ValueError) when the file holds none."""
     try:
-        names = [n.name for n in ast.parse(repo[task.test_file]).body
+        names = [n.name for n in parse(repo[task.test_file]).body
                  if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         names = []

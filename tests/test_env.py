@@ -250,3 +250,30 @@ def test_repeated_difficulty_levels_weigh_the_mix():
     share = lambda ts: sum(t.difficulty == 1 for t in ts) / len(ts)
     # level 1 is drawn more often than 1/3 (harder levels retry more), 1/5 of the draws fewer than that
     assert 0.45 < share(plain) < 0.62 and 0.30 < share(mix) < 0.44, (share(plain), share(mix))
+
+
+def test_the_harness_parses_in_one_thread_at_a_time():
+    """CPython 3.11's AST constructor keeps one recursion count per interpreter (gh-106905): a parse in
+    another thread while one builds its tree makes the first raise SystemError; the trainer's two decode
+    streams apply actions at once. Here a garbage collection inside the first parse starts the second
+    and waits up to 0.5 s for it: ast.parse raised, env.parse takes turns."""
+    import gc
+    import threading
+    src = "x = [" + ", ".join(f"({i}, [{i}])" for i in range(2000)) + "]\n"
+    done, fired = threading.Event(), []
+    other = threading.Thread(target=lambda: (env.parse(src), done.set()))
+
+    def start_the_other(phase, info):
+        if phase == "start" and not fired and threading.current_thread() is threading.main_thread():
+            fired.append(other.start())
+            done.wait(0.5)
+    gc.callbacks.append(start_the_other)
+    threshold = gc.get_threshold()
+    gc.set_threshold(50)
+    try:
+        tree = env.parse(src)
+    finally:
+        gc.callbacks.remove(start_the_other)
+        gc.set_threshold(*threshold)
+    other.join()
+    assert fired and done.is_set() and len(tree.body[0].value.elts) == 2000
