@@ -139,7 +139,7 @@ def search(prompt, budget=12):
         src = defs[f][1]
         for (s, e), r in sorted(kept.get(f, []) + ([extra] if extra else []), reverse=True):
             src = src[:s] + r + src[e:]
-        yield from act("edit", f"{defs[f][0]}\n{src}")
+        yield from act("edit", f"{defs[f][0]}\n{definition(src, f)}")     # short: no docstring to copy
 
     def test():
         m = re.match(r"(\d+) passed, (\d+) failed", (yield from act("test")))

@@ -41,12 +41,13 @@ def test_search_keeps_a_smaller_step_limit_and_is_deterministic(pool):
 
 
 class IssueOnly:
-    """A task as the agent's prompt shows it: the issue alone (env.Tools' prompt inlines no file). Any
-    other field (files, fixed, targets, facts, inputs, outputs, ...) raises AttributeError."""
-    __slots__ = ("issue",)
+    """A task as the agent's prompt shows it: the issue and the file names (env.Tools' prompt inlines no
+    file; each file's text is None here). Any other field (fixed, targets, facts, inputs, outputs, ...)
+    raises AttributeError."""
+    __slots__ = ("issue", "files")
 
-    def __init__(self, issue):
-        self.issue = issue
+    def __init__(self, task):
+        self.issue, self.files = task.issue, dict.fromkeys(task.files)
 
 
 def test_search_decides_from_the_issue_and_observations_only(pool):
@@ -56,8 +57,8 @@ def test_search_decides_from_the_issue_and_observations_only(pool):
     tools = env.Tools()
     driven = search.episodes(TASKS, tools, pool)
     for t, d in zip(TASKS, driven):
-        assert tools.prompt(IssueOnly(t.issue)) == tools.prompt(t)
-        policy = search.search(tools.prompt(IssueOnly(t.issue)), tools.max_actions)
+        assert tools.prompt(IssueOnly(t)) == tools.prompt(t)
+        policy = search.search(tools.prompt(IssueOnly(t)), tools.max_actions)
         e, obs = env.Episode(0), None
         tools.start(t, e)
         while True:
