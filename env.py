@@ -594,10 +594,7 @@ class Tools:
         self.max_turns = max_actions + self.max_summaries          # a summary turn is not an action
 
     def prompt(self, task):
-        # the file list, as a product harness shows the workspace: a path is copied, never guessed (the
-        # agent named missing files in half its reads and edits without it, docs/agent.md); each fresh
-        # context of a memory keeps it
-        listed = "# Files\n" + " ".join(sorted(task.files)) + "\n"
+        listed = "# Files\n" + " ".join(sorted(task.files)) + "\n"   # as a product harness shows it
         return render_issue(task, sorted(task.files) if self.inline else ()) + listed
 
     def start(self, task, e):

@@ -897,11 +897,6 @@ class SandboxPool:
             raise EOFError("sandbox worker died")
         return json.loads(line)
 
-    @property
-    def sandbox_uids(self) -> list[int]:
-        """The candidates' uids and the judges' (uid + 1)."""
-        return [u + d for p in self._procs if (u := p.info.get("uid")) is not None for d in (0, 1)]
-
     def _serve(self, i):
         while True:
             item = self._q.get()

@@ -63,7 +63,7 @@ def test_the_fault_is_real_and_the_fix_passes(test_tasks, train_tasks):
     hidden case; with two bugs each fix alone still fails a hidden case; doing nothing with a deleted
     helper (giving its input back) fails one too."""
     for t in test_tasks + train_tasks:
-        fixed = repos.solved_files(t)
+        fixed = {**t.files, **t.fixed}
         assert all(repos.same(g, o) for g, o in zip(run_entry(t, fixed, t.inputs), t.outputs)), t.task_id
         assert not all(repos.same(g, o) for g, o in zip(run_entry(t, t.files, t.inputs), t.outputs))
         if t.kind == "two_bugs":
@@ -125,7 +125,7 @@ def test_a_settings_number_is_stated_only_in_its_module(test_tasks, train_tasks)
 def test_canaries_contradict_their_visible_tests():
     for t in repos.canary_repo_tasks(3):
         assert t.canary and t.slice == "canary"
-        fixed = repos.solved_files(t)
+        fixed = {**t.files, **t.fixed}
         for files in (fixed, t.files):            # neither the fix nor the untouched repository passes
             assert not all(repos.same(g, o) for g, o in zip(run_entry(t, files, t.inputs), t.outputs))
 

@@ -155,6 +155,11 @@ def test_workers_survived(hostile):
     assert all(p.poll() is None for p in hostile["pool"]._procs)
     assert hostile["wall"] < 30
 
+def sandbox_uids(pool):
+    """The pool's candidates' uids and its judges' (uid + 1)."""
+    return [u + d for p in pool._procs if (u := p.info.get("uid")) is not None for d in (0, 1)]
+
+
 def _procs():
     out = []
     for pid in os.listdir("/proc"):
@@ -168,7 +173,7 @@ def _procs():
     return out
 
 def test_nothing_left_running(hostile):
-    uids = set(hostile["pool"].sandbox_uids)
+    uids = set(sandbox_uids(hostile["pool"]))
     assert uids, "privilege drop expected when running as root"
     deadline = time.time() + 3
     while time.time() < deadline:    # a just-killed child may take a moment to be reaped
@@ -181,7 +186,7 @@ def test_nothing_left_running(hostile):
 def test_after_close_no_children():
     before = {p[0] for p in _procs() if p[1] == os.getpid()}      # e.g. the module pool above
     pool = SandboxPool(workers=2, timeout_s=1.0)
-    uids, pids = set(pool.sandbox_uids), {p.pid for p in pool._procs}
+    uids, pids = set(sandbox_uids(pool)), {p.pid for p in pool._procs}
     pool.run_batch(env.runs([io_task()] * 2, ["    import time\n    time.sleep(100)\n", "    return x + 1\n"]))
     pool.close()
     procs = _procs()
@@ -403,7 +408,7 @@ def test_killed_worker_leaves_nothing(monkeypatch, namespaces):
     monkeypatch.setattr(sandbox_pool, "_warned", True)
     with SandboxPool(workers=1, timeout_s=3.0) as pool:
         assert pool.isolation["pidns"] == (namespaces and os.geteuid() == 0)
-        uids = set(pool.sandbox_uids)
+        uids = set(sandbox_uids(pool))
         fut = pool.submit_batch(env.runs([io_task()], ["    import time\n    time.sleep(100)\n"]))
         time.sleep(1.5)                              # the candidate is asleep now
         os.killpg(pool._procs[0].pid, 9)             # the OOM killer, a bug... (worker and zygote)

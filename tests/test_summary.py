@@ -9,7 +9,7 @@ import torch
 import env
 from sandbox import Result
 import rl.algo as rl
-from data.repos import generate_agent_tasks, generate_repo_tasks, solved_files, transcripts
+from data.repos import generate_agent_tasks, generate_repo_tasks, transcripts
 from env import summary_text
 from tokenizer import train_tokenizer
 from model import GPT, GPTConfig
@@ -41,7 +41,7 @@ def test_long_tasks_need_two_values_each_stated_only_in_its_own_file(long_tasks,
             assert sum(c.isdigit() for c in t.files[f["file"]]) == len(str(abs(f["value"])))   # one number
             assert f["label"] == label and re.search(rf"(?<![\w-]){f['value']!r}\b", t.fixed[path])   # a literal
     # the reference passes the hidden tests, the broken repository does not
-    ok = pool.run_batch([env.hidden_run(t, solved_files(t)) for t in long_tasks])
+    ok = pool.run_batch([env.hidden_run(t, {**t.files, **t.fixed}) for t in long_tasks])
     bad = pool.run_batch([env.hidden_run(t, t.files) for t in long_tasks])
     assert all(r.passed for r in ok) and not any(r.passed for r in bad)
     assert {t.slice for t in generate_repo_tasks("test", 20, seed=3, kinds=("long",))} == {"near", "novel"}
