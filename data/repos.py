@@ -575,7 +575,6 @@ class Transcript(str):
 
 
 ORACLE_FRAC = 0.1     # short transcripts in the format of eval.py's oracle baseline: every file inlined
-DETOUR = 0.5          # short transcripts with one detour (_detour)
 LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
 # boot for all three, so that each method starts from the same checkpoint, taught its own format.
@@ -615,27 +614,13 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
     return True
 
 
-def _detour(ep, policy, r):
-    """The teacher's policy with one of its first three reads or edits made first on a missing file (DART's noise
-    in the demonstrator's states, Laskey et al. 2017): the error, then the teacher's recovery; fed, never a target."""
-    missing = sorted({m + ".py" for m in ENTRY_MODULES + HELPER_MODULES + SETTINGS_MODULES} - set(ep["task"].files))
-    at, act = r.randrange(1, 4), policy.send(None)
-    while True:
-        at -= act[0] in ("read", "edit")
-        if at == 0 and act[0] in ("read", "edit"):     # the same action, on a missing file's path
-            ep["detour"] = True
-            yield act[0], r.choice(missing) + act[1][len(act[1].split("\n")[0]):]
-            ep["detour"] = False
-        act = policy.send((yield act))
-
-
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
     """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive: the
     batch's sandbox runs together; a submit or the step limit ends it). The teacher sees only what the
     model will: of a short task, data/search.py's search (the prompt and the observations alone, its
-    recoveries included; a share, ORACLE_FRAC, from every file inlined, eval's oracle format; DETOUR of
-    them with a detour); of a long one, search.restart, built again from each fresh context. A
-    Transcript's `actions`: its actions and those naming what its context lacks (search.unpredictable);
+    recoveries included; a share, ORACLE_FRAC, from every file inlined, eval's oracle format); of a
+    long one, search.restart, built again from each fresh context. A Transcript's `actions`: its actions
+    and those naming what its context lacks (search.unpredictable);
     `episode`: its env.Episode. A long task runs in the harness of one of `memories`, drawn per task
     (env.long_tools; None: the whole context), its tokens counted by tok in a model of seq_len positions
     (None: the window's), a Transcript per segment (_memory): the first ends on its summary, the next
@@ -648,16 +633,13 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        prompt, detour = tools.prompt(t), t.kind != "long" and r.random() < DETOUR
-        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions - detour)
-        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "docs": [], "turns": [],
+        prompt = tools.prompt(t)
+        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions)
+        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
-        eps[-1]["policy"] = _detour(eps[-1], policy, r) if detour else policy
 
     def observe(ep, name, payload, obs):      # the transcript's pieces; a long task's memory may act
-        fed = ep.get("detour", False)
-        ep["segs"] += [(x, fed or c, s) for x, c, s in env.action_segments(name, payload)] + (
-            env.observation_segments(obs) if obs is not None else [])
+        ep["segs"] += env.action_segments(name, payload) + (env.observation_segments(obs) if obs is not None else [])
         return obs is None or ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)
     search.drive(eps, pool, observe)
     out = []

@@ -111,27 +111,6 @@ def test_the_search_teachers_transcripts_name_only_what_their_context_holds(pool
     assert sum(d.actions[0] for d in taught) > 3 * 40      # reads, greps, runs, edits (a payload each)
 
 
-def test_a_detour_is_fed_then_the_teacher_recovers_and_still_passes(pool):
-    """About half the short transcripts (repos.DETOUR) hold one read or edit of a file the repository lacks,
-    fed (context, never a target: the model is not taught to err), then its error, then the teacher's own
-    action of the same kind on a file that exists, a target; those episodes pass as often as the rest."""
-    tasks = generate_agent_tasks("train", 40, seed=0, difficulties=[1, 2])
-    taught, detours, passed = transcripts(tasks, pool, seed=0), 0, ([], [])
-    env.Tools().finish(pool, [(t, d.episode) for t, d in zip(tasks, taught)])
-    for t, d in zip(tasks, taught):
-        seg = d.segments
-        fed = [i for i, (x, c, special) in enumerate(seg) if special and c and x in ("<|read|>", "<|edit|>")]
-        assert len(fed) <= 1
-        passed[bool(fed)].append(d.episode.result.passed)
-        for i in fed:          # the detour, its end, its error between <|obs|> and <|/obs|>, the teacher's
-            assert seg[i + 1][1] and seg[i + 1][0].split("\n")[0] not in t.files
-            assert seg[i + 4][0].startswith("error: no file") and seg[i + 6] == (seg[i][0], False, True)
-            assert not seg[i + 7][1] and seg[i + 7][0].split("\n")[0] in t.files
-        detours += bool(fed)
-    assert 10 <= detours <= 30 and all(d.actions[1] == 0 for d in taught)
-    assert sum(passed[1]) / len(passed[1]) >= sum(passed[0]) / len(passed[0]) - 0.1
-
-
 # ---------------------------------------------------------------------------------------------
 # The long tasks' teacher (search.restart, issue 63): it restarts from each fresh context alone
 
