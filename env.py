@@ -249,8 +249,8 @@ def cap(text, n=OBS_CHARS):
 
 
 def render_issue(task, files=()) -> str:
-    """The text an episode starts from: the issue, then (the oracle's prompt) the named files in full,
-    each after a `# file: PATH` line. The model's first action follows."""
+    """The issue, then (the oracle's prompt) the named files in full, each after a `# file: PATH` line:
+    the head of an episode's prompt (Tools.prompt adds the file list; the model's first action follows)."""
     inline = "".join(f"# file: {p}\n{task.files[p]}" + ("" if task.files[p].endswith("\n") else "\n")
                      for p in files)
     return f"# Issue\n{task.issue.strip()}\n{inline}"

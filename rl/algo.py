@@ -141,7 +141,7 @@ def length_units(e, call_tokens, turn_tokens):
 def segments(e):
     """An episode -> its training Sequences. One, unless it is a tool episode carried by a memory
     (env.Tools, a long task): then one per segment, the turns from one fresh context to the next (the
-    first turn's prompt_ids are that context, fed: the issue and the summaries so far, or what mask or
+    first turn's prompt_ids are that context, fed: the prompt and the latest summary, or what mask or
     window rebuilt; a summary that ends a segment is its last turn, a target). Every segment gets the
     episode's advantage, is normalised over the tokens of the whole episode (episode_tokens), and counts
     as 1 / segments of a sequence (share)."""

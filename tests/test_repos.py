@@ -1,7 +1,7 @@
 """Tests for data/repos.py: the repository world. The fault is real (a visible test fails, the fix passes
 every hidden case, two_bugs need both fixes), its place varies (no fixed plan finds it), the hidden tests
 tell the program from a table of the visible cases, a settings number is stated only in its settings
-module, and the oracle's episodes are what the harness gives and end with a passing repository. The
+module, and the teacher's episodes are what the harness gives and end with a passing repository. The
 generated files run in-process (repos.load: they are our own text); the agent's runs go to the sandbox."""
 import collections
 import json
@@ -148,7 +148,7 @@ def test_command_line():
 
 
 # ---------------------------------------------------------------------------------------------
-# The oracle's episodes (the bootstrap): the harness's own text, actions as targets, the rest context
+# The teacher's episodes (the bootstrap): the harness's own text, actions as targets, the rest context
 
 def test_the_teachers_episodes_are_the_harnesss_and_pass(train_tasks, pool):
     """Each short transcript, replayed action by action through env.Tools (the RL harness), gets the very

@@ -51,7 +51,7 @@ class IssueOnly:
 
 
 def test_search_decides_from_the_issue_and_observations_only(pool):
-    """The policy is built from the prompt of a task that holds only its issue, and stepped here with the
+    """The policy is built from the prompt of a task that holds only its issue and file names, stepped with the
     observations of the real task's tools: it solves every task of the sample, with exactly the actions
     that eval's driver (search.episodes) takes. The hidden tests judge only the end."""
     tools = env.Tools()
@@ -102,9 +102,9 @@ def test_unpredictable_counts_what_an_action_names_that_its_context_does_not_hol
 
 def test_the_search_teachers_transcripts_name_only_what_their_context_holds(pool):
     """The bootstrap's short transcripts (data/repos.py transcripts, the search teacher): no action names a
-    path, function or number its context does not hold (the oracle teacher it replaced, 5.7% of its
-    actions: a test file read by a name it was never shown, a call of the helper the reference calls;
-    that the count catches such actions is the worked example above)."""
+    function or number its context does not hold; every path stands in the prompt's file list (the
+    oracle teacher it replaced called a helper the reference calls before reading it; that the count
+    catches such actions is the worked example above)."""
     tasks = generate_agent_tasks("train", 40, seed=0, difficulties=[1, 2])
     taught = transcripts(tasks, pool, seed=0)
     assert len(taught) == 40 and all(d.actions[1] == 0 for d in taught)
