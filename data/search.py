@@ -108,8 +108,8 @@ def _candidates(name, src, defs):
 
 
 def search(prompt, budget=12):
-    """The search's episode on the task whose prompt (env.Tools.prompt: the issue, the file names) is `prompt`, at most
-    `budget` actions, submit included: yields (action, payload), is sent each observation."""
+    """The search's episode on the task whose prompt (env.Tools.prompt: the issue and the file names) is
+    `prompt`, in at most `budget` actions, submit included: yields (action, payload), is sent each observation."""
     left, seen, defs, kept = budget - 1, {}, {}, {}     # kept: function -> [(span, replacement)] that stay
 
     def act(name, payload=""):
