@@ -30,13 +30,15 @@ base_ckpt() {
   fi
 }
 # agent_boot PRE_CKPT: the agent's bootstrap (AGENT=1 bash run.sh's boot stage, lab/experiments/memory.sh):
-# continued pretraining from PRE_CKPT with the oracle's tool-use transcripts of repository tasks
+# continued pretraining from PRE_CKPT with a teacher's tool-use transcripts of repository tasks
 # (data/repos.py), which adds the tool tokens and extends the context to hold an episode; sets BOOT_CKPT.
+# cpu: 2,400 steps, about two passes over the transcripts: at half as many the model does not yet copy
+# the names into its actions (docs/agent.md, "The boot at twice the steps").
 agent_boot() {
   local args
   case $PRESET in
     smoke) args=(--max-steps 8 --agent-n 200 --seq-len 512) ;;
-    cpu)   args=(--max-steps 1200 --agent-n 8000 --seq-len 1024 --micro-batch 4 --source-mb 12) ;;
+    cpu)   args=(--max-steps 2400 --agent-n 8000 --seq-len 1024 --micro-batch 4 --source-mb 12) ;;
     *)     args=(--max-steps 1000 --agent-n 100000 --seq-len 2048) ;;
   esac
   run_stage boot python train_pretrain.py --preset "$PRESET" --init-from "$1" \
