@@ -45,7 +45,7 @@ if [ "$AGENT" = 1 ]; then
   echo
   echo "artefacts:"
   echo "  pretraining : $OUT/pretrain/  (checkpoint $PRE_CKPT)"
-  echo "  bootstrap   : $OUT/boot/      (tool tokens, oracle transcripts, longer context: $BOOT_CKPT)"
+  echo "  bootstrap   : $OUT/boot/      (tool tokens, the teacher's transcripts, longer context: $BOOT_CKPT)"
   echo "  RL          : $OUT/rl/        (checkpoint $RL_CKPT, metrics.jsonl)"
   echo "                try: python agent.py --ckpt $RL_CKPT --repo DIR"
   echo "  evaluation  : $OUT/eval/      (agent.md side-by-side table, agent.json, episodes-*.jsonl, figures)"
