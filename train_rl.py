@@ -54,7 +54,7 @@ from rl.algo import (Sequence, batch_tensors, group_advantages, micro_batches, p
 import eval as evaluation
 from rl.rollouts import new_stats, record, summarize_run
 from rl import rollouts
-from data.repos import canary_repo_tasks, generate_repo_tasks
+from data.repos import KINDS, canary_repo_tasks, generate_repo_tasks
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
@@ -69,7 +69,6 @@ FIXED = dict(
     eps_low=0.2,                                # PPO clip below (--eps-high: DAPO's clip-higher above)
     len_k=0.01, len_q=0.5,                      # k, q of the length cost C(x) (--len-penalty W turns it on)
     len_call_tokens=20, len_turn_tokens=10,     # x = tokens + 20 per tool call + 10 per further turn
-    long_share=0.3,      # --agent: the share of long tasks (self-summarization, data/repos.py) in the stream
     ds_max_tries=3,                             # extra rounds a step samples with --dynamic-sampling
     weight_decay=0.0, grad_clip=1.0,            # AdamW; the global gradient-norm clip (0 = off)
     moe_aux_scale=0.0,   # x the MoE aux loss (balance=aux models): 0, as router replay fixes the experts
@@ -134,6 +133,10 @@ g.add_argument("--memory", choices=["summary", "mask", "window", "oracle"], defa
                help="--agent's long tasks, past the context threshold: the model writes a summary and goes "
                     "on from it; old observations masked; or a sliding window (env.Tools.rebuild); oracle: "
                     "the harness writes the summary in the run's first half, then the model (ReSum's order)")
+g.add_argument("--long-share", type=float, default=0.3,
+               help="--agent: the share of long tasks (self-summarization) in the train stream")
+g.add_argument("--kinds", default=",".join(KINDS),
+               help="--agent: the short tasks' kinds, in turn; a kind listed twice comes twice as often")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",

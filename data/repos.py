@@ -530,12 +530,14 @@ def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=
     return [make_repo_task(split, seed, i, kinds[i % len(kinds)], difficulties) for i in range(start, start + n)]
 
 
-def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0) -> list:
+def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0, kinds=KINDS) -> list:
     """The agent's train stream: repository tasks, of which a share long_share (every k-th index, so a
     task keeps its place when the stream is extended) is long; index i is the same task whatever n and
-    start, and the other kinds take turns."""
+    start, and the others take the short kinds in turn (a kind listed twice comes twice as often)."""
+    if not 0 <= long_share <= 1 or not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"long_share must be in [0, 1] and kinds a list of {KINDS}, got {long_share}, {kinds}")
     is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
-    return [make_repo_task(split, seed, i, "long" if is_long(i) else KINDS[i % len(KINDS)], difficulties)
+    return [make_repo_task(split, seed, i, "long" if is_long(i) else kinds[i % len(kinds)], difficulties)
             for i in range(start, start + n)]
 
 
@@ -575,7 +577,7 @@ class Transcript(str):
 
 
 ORACLE_FRAC = 0.1     # short transcripts in the format of eval.py's oracle baseline: every file inlined
-LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's share: train_rl.FIXED long_share)
+LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's: train_rl.py --long-share)
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
 # boot for all three, so that each method starts from the same checkpoint, taught its own format.
 BOOT_MEMORIES = ("summary", "mask", "window")

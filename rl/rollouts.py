@@ -305,8 +305,9 @@ def next_tasks(ctx, n):
 
 
 def agent_stream(args):
-    """--agent's task generator: repository tasks, long_share of them long (data/repos.py)."""
-    return lambda *a, **kw: generate_agent_tasks(*a, **kw, long_share=args.long_share)
+    """--agent's task generator: repository tasks, long_share of them long, the others --kinds in turn."""
+    kinds = tuple(args.kinds.split(","))
+    return lambda *a, **kw: generate_agent_tasks(*a, **kw, long_share=args.long_share, kinds=kinds)
 
 
 def prefilter(ctx, tasks, n, stats):

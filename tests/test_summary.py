@@ -1,5 +1,6 @@
 """Self-summarization: the long tasks, the summary turn in the episode loop, and its training (each
 segment a sequence of its own, with the episode's advantage and the episode's normaliser)."""
+import argparse
 import dataclasses
 import re
 
@@ -14,6 +15,7 @@ from env import summary_text
 from tokenizer import train_tokenizer
 from model import GPT, GPTConfig
 from rl import rollouts
+import train_rl
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,20 @@ def test_the_agent_stream_keeps_each_index_whatever_its_start():
     assert [t.task_id for t in a[3:]] == [t.task_id for t in b]
     assert [t.kind == "long" for t in a] == [False, True] * 3
     assert not any(t.kind == "long" for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0))
+
+
+def test_train_rl_flags_set_the_agent_streams_long_share_and_kinds(tmp_path, capsys):
+    """--long-share 0 --kinds bug,two_bugs,bug,config: no long task, and bug twice as often as each other."""
+    args = argparse.Namespace(long_share=0.0, kinds="bug,two_bugs,bug,config")
+    tasks = rollouts.agent_stream(args)("train", 8, seed=1, difficulties=[1, 2])
+    assert [t.kind for t in tasks] == ["bug", "two_bugs", "bug", "config"] * 2
+    for bad in (dict(long_share=1.5), dict(kinds=("bug", "long")), dict(kinds=())):
+        with pytest.raises(ValueError, match="long_share must be in"):
+            generate_agent_tasks("train", 2, **bad)
+    with pytest.raises(SystemExit):
+        train_rl.main(["--preset", "smoke", "--agent", "--init-from", __file__, "--kinds", "bug,typo",
+                       "--out-dir", str(tmp_path)])
+    assert "cannot generate tasks: ValueError: long_share must be in" in capsys.readouterr().err
 
 
 def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fresh(long_tasks, pool, tok):
