@@ -156,7 +156,7 @@ def tool_episodes(ctx, tasks, seed, stats):
     observation fed back, up to the step limit (env.run_episodes, as eval.py and agent.py run it).
     One sample = one episode, rewarded by the hidden tests' verdict on its final repository; the loss
     covers every token the model wrote in every turn, none of the observations (rl.algo.flatten).
-    Long tasks (a share of the stream, train_rl.FIXED long_share) run in env.long_tools(--memory): when
+    Long tasks (a share of the stream, --long-share) run in env.long_tools(--memory): when
     the context passes its threshold the model summarises and goes on from a fresh context (or the
     harness rebuilds it: mask, window); each segment trains as a sequence of its own with the
     episode's advantage (rl.algo.segments)."""
