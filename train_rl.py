@@ -517,6 +517,8 @@ def check_args(args, world):
         common.die("--repair-groups is for --turns 1 (episodes sample their own repairs)")
     if args.agent and (args.turns > 1 or args.repair_groups):
         common.die("--agent runs its own episodes: no --turns or --repair-groups with it")
+    if args.agent and not (0 <= args.long_share <= 1 and set(args.kinds.split(",")) <= set(KINDS)):
+        common.die(f"--long-share must be in [0, 1] and --kinds a comma list of {','.join(KINDS)}")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:

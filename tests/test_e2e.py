@@ -57,8 +57,8 @@ def test_run_sh_smoke_end_to_end(tmp_path):
 
 
 def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path):
-    """AGENT=1: pretrain -> boot -> rl -> eval -> plots; the eval stage gives, per checkpoint, the
-    agent's keys and the long tasks' (each memory, the oracle summary, what a whole episode needs)."""
+    """AGENT=1: pretrain -> boot -> rl (short tasks) -> eval -> plots; the eval stage gives, per checkpoint,
+    the agent's keys and the long tasks' (each memory, the oracle summary, what a whole episode needs)."""
     out = tmp_path / "agent"
     env = dict(os.environ, PRESET="smoke", OUT=str(out), AGENT="1")
     p = subprocess.run(["bash", "run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -76,7 +76,9 @@ def test_run_sh_agent_smoke_runs_the_summary_turn_and_reports_its_keys(tmp_path)
         assert "summary/fact_retention" in f and "summary/pass@1 - window" in f and "summary/pass@1 - mask" in f
         assert f["long/full_tokens_p50"] >= 1.5 * f["long/context"]
     steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
-    assert all("summaries_per_episode" in s and "fact_retention" in s for s in steps if "eval" not in s)
+    # run.sh's RL trains on short tasks only (--long-share 0): no step had a long task to report
+    assert steps and all(s["long_pass_rate"] is None and s["summaries_per_episode"] is None
+                         for s in steps if "eval" not in s)
     assert "summary/pass@1" in (out / "eval" / "agent.md").read_text()
 
 

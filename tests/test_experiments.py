@@ -88,6 +88,8 @@ def test_memory_trains_each_memory_over_seeds_and_measures_each_under_every_memo
     for m in ("summary", "mask", "window"):      # each RL run trained its own memory, as many steps
         run = json.loads((tmp_path / f"rl_{m}_s0.json").read_text())
         assert run["steps"] == 2 and torch.load(run["ckpt"], weights_only=False)["args"]["memory"] == m
+        steps = [json.loads(line) for line in open(run["metrics"])]      # the default long share: long tasks
+        assert any(s.get("long_pass_rate") is not None for s in steps if "eval" not in s), m
     figs = json.loads((tmp_path / "eval" / "agent.json").read_text())["figures"]
     for f in figs.values():
         assert {"summary/pass@1", "mask/pass@1", "window/pass@1", "oracle_summary/pass@1"} <= set(f)

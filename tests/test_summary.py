@@ -1,6 +1,5 @@
 """Self-summarization: the long tasks, the summary turn in the episode loop, and its training (each
 segment a sequence of its own, with the episode's advantage and the episode's normaliser)."""
-import argparse
 import dataclasses
 import re
 
@@ -73,18 +72,21 @@ def test_the_agent_stream_keeps_each_index_whatever_its_start():
     assert not any(t.kind == "long" for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0))
 
 
-def test_train_rl_flags_set_the_agent_streams_long_share_and_kinds(tmp_path, capsys):
-    """--long-share 0 --kinds bug,two_bugs,bug,config: no long task, and bug twice as often as each other."""
-    args = argparse.Namespace(long_share=0.0, kinds="bug,two_bugs,bug,config")
-    tasks = rollouts.agent_stream(args)("train", 8, seed=1, difficulties=[1, 2])
-    assert [t.kind for t in tasks] == ["bug", "two_bugs", "bug", "config"] * 2
+def test_the_agent_streams_short_tasks_take_the_kinds_in_turn_between_long_ones(capsys):
+    """A kind listed twice comes twice as often among the short tasks, whatever the long share."""
+    for share in (0.0, 0.3):
+        tasks = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=share,
+                                     kinds=("bug", "two_bugs", "bug", "config"))
+        short = [t.kind for t in tasks if t.kind != "long"]
+        assert short == ["bug", "two_bugs", "bug", "config"] * (len(short) // 4) + short[:len(short) % 4]
+        assert sum(t.kind == "long" for t in tasks) == int(40 * share)
     for bad in (dict(long_share=1.5), dict(kinds=("bug", "long")), dict(kinds=())):
         with pytest.raises(ValueError, match="long_share must be in"):
             generate_agent_tasks("train", 2, **bad)
-    with pytest.raises(SystemExit):
-        train_rl.main(["--preset", "smoke", "--agent", "--init-from", __file__, "--kinds", "bug,typo",
-                       "--out-dir", str(tmp_path)])
-    assert "cannot generate tasks: ValueError: long_share must be in" in capsys.readouterr().err
+    for flags in (["--long-share", "1.5"], ["--kinds", "bug,typo"], ["--kinds", ""]):
+        with pytest.raises(SystemExit) as e:
+            train_rl.main(["--preset", "smoke", "--device", "cpu", "--agent", "--init-from", __file__] + flags)
+        assert e.value.code == 2 and "--long-share must be in [0, 1] and --kinds" in capsys.readouterr().err
 
 
 def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fresh(long_tasks, pool, tok):
