@@ -533,12 +533,12 @@ def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=
 def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0, kinds=KINDS) -> list:
     """The agent's train stream: repository tasks, of which a share long_share (every k-th index, so a
     task keeps its place when the stream is extended) is long; index i is the same task whatever n and
-    start, and the short ones take kinds in turn (a kind listed twice comes twice as often)."""
+    start; the others have kind kinds[i % len(kinds)] (a kind listed twice comes twice as often; exactly so at
+    long_share 0, as the long tasks take fixed indices and so skip some kinds' turns)."""
     if not 0 <= long_share <= 1 or not kinds or set(kinds) - set(KINDS):
         raise ValueError(f"long_share must be in [0, 1] and kinds a list of {KINDS}, got {long_share}, {kinds}")
     is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
-    turn = lambda i: kinds[(i - int(i * long_share)) % len(kinds)]     # i - the long tasks before i
-    return [make_repo_task(split, seed, i, "long" if is_long(i) else turn(i), difficulties)
+    return [make_repo_task(split, seed, i, "long" if is_long(i) else kinds[i % len(kinds)], difficulties)
             for i in range(start, start + n)]
 
 

@@ -72,14 +72,14 @@ def test_the_agent_stream_keeps_each_index_whatever_its_start():
     assert not any(t.kind == "long" for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0))
 
 
-def test_the_agent_streams_short_tasks_take_the_kinds_in_turn_between_long_ones(capsys):
-    """A kind listed twice comes twice as often among the short tasks, whatever the long share."""
-    for share in (0.0, 0.3):
-        tasks = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=share,
-                                     kinds=("bug", "two_bugs", "bug", "config"))
-        short = [t.kind for t in tasks if t.kind != "long"]
-        assert short == ["bug", "two_bugs", "bug", "config"] * (len(short) // 4) + short[:len(short) % 4]
-        assert sum(t.kind == "long" for t in tasks) == int(40 * share)
+def test_the_agent_streams_kinds_come_in_turn_and_long_tasks_keep_their_indices(capsys):
+    """--long-share 0: a kind listed twice comes twice as often; a long share takes the same fixed indices."""
+    kinds = ("bug", "two_bugs", "bug", "config")
+    tasks = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.0, kinds=kinds)
+    assert [t.kind for t in tasks] == list(kinds) * 10
+    mixed = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.3, kinds=kinds)
+    assert sum(t.kind == "long" for t in mixed) == 12
+    assert all(m.kind in ("long", t.kind) for m, t in zip(mixed, tasks))
     for bad in (dict(long_share=1.5), dict(kinds=("bug", "long")), dict(kinds=())):
         with pytest.raises(ValueError, match="long_share must be in"):
             generate_agent_tasks("train", 2, **bad)
