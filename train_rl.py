@@ -54,7 +54,7 @@ from rl.algo import (Sequence, batch_tensors, group_advantages, micro_batches, p
 import eval as evaluation
 from rl.rollouts import new_stats, record, summarize_run
 from rl import rollouts
-from data.repos import KINDS, canary_repo_tasks, generate_repo_tasks
+from data.repos import canary_repo_tasks, generate_repo_tasks
 from data.tasks import canary_tasks, generate_tasks, parse_difficulties
 
 # Presets: defaults, any flag wins. smoke: seconds, for tests. cpu: 2 cores, stopped by --max-minutes;
@@ -135,8 +135,6 @@ g.add_argument("--memory", choices=["summary", "mask", "window", "oracle"], defa
                     "the harness writes the summary in the run's first half, then the model (ReSum's order)")
 g.add_argument("--long-share", type=float, default=0.3,
                help="--agent: the share of long tasks (self-summarization) in the train stream")
-g.add_argument("--kinds", default=",".join(KINDS),
-               help="--agent: the short tasks' kinds, in turn; a kind listed twice comes twice as often")
 g.add_argument("--task-seed", type=int, default=1, help="seed of the train-task stream")
 g = p.add_argument_group("reward")
 g.add_argument("--fractional", action="store_true",
@@ -517,8 +515,8 @@ def check_args(args, world):
         common.die("--repair-groups is for --turns 1 (episodes sample their own repairs)")
     if args.agent and (args.turns > 1 or args.repair_groups):
         common.die("--agent runs its own episodes: no --turns or --repair-groups with it")
-    if args.agent and not (0 <= args.long_share <= 1 and set(args.kinds.split(",")) <= set(KINDS)):
-        common.die(f"--long-share must be in [0, 1] and --kinds a comma list of {','.join(KINDS)}")
+    if args.agent and not 0 <= args.long_share <= 1:
+        common.die(f"--long-share must be in [0, 1], got {args.long_share}")
     if args.prefilter < 1:
         common.die(f"--prefilter must be >= 1 (1 = off), got {args.prefilter}")
     if args.group_size < 2:

@@ -190,7 +190,7 @@ def _layout(r, program, entry, entry_mod, notes):
     if wrapper:
         calls[wrapper] = list(zip(names, consts))[i:i + 2]
     order = {}
-    for h in helpers + ([wrapper] if wrapper else []):
+    for h in dict.fromkeys(helpers + ([wrapper] if wrapper else [])):   # a helper the chain calls twice: one def
         order.setdefault(home[h], []).append(h)
     for m in order:
         r.shuffle(order[m])
@@ -523,20 +523,12 @@ def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
     return '"""Settings of the project: text settings and one number."""\n' + "".join(lines)
 
 
-def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=0) -> list:
-    """Tasks start..start+n-1 of an unlimited stream; index i has kind kinds[i % len(kinds)]."""
-    if not kinds or set(kinds) - set(KINDS + ("long",)):
-        raise ValueError(f"kinds must be a non-empty subset of {KINDS + ('long',)}, got {kinds!r}")
-    return [make_repo_task(split, seed, i, kinds[i % len(kinds)], difficulties) for i in range(start, start + n)]
-
-
-def generate_agent_tasks(split, n, seed=0, difficulties=None, start=0, long_share=0.0, kinds=KINDS) -> list:
-    """The agent's train stream: repository tasks, of which a share long_share (every k-th index, so a
-    task keeps its place when the stream is extended) is long; index i is the same task whatever n and
-    start; the others have kind kinds[i % len(kinds)] (a kind listed twice comes twice as often; exactly so at
-    long_share 0, as the long tasks take fixed indices and so skip some kinds' turns)."""
-    if not 0 <= long_share <= 1 or not kinds or set(kinds) - set(KINDS):
-        raise ValueError(f"long_share must be in [0, 1] and kinds a list of {KINDS}, got {long_share}, {kinds}")
+def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=0, long_share=0.0) -> list:
+    """Tasks start..start+n-1 of an unlimited stream, index i the same task whatever n and start: of kind
+    kinds[i % len(kinds)], or long at a share long_share of the indices (the agent's train stream; every
+    k-th, so a task keeps its place when the stream is extended)."""
+    if not 0 <= long_share <= 1:
+        raise ValueError(f"long_share must be in [0, 1], got {long_share}")
     is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
     return [make_repo_task(split, seed, i, "long" if is_long(i) else kinds[i % len(kinds)], difficulties)
             for i in range(start, start + n)]
@@ -582,6 +574,25 @@ LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's: trai
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
 # boot for all three, so that each method starts from the same checkpoint, taught its own format.
 BOOT_MEMORIES = ("summary", "mask", "window")
+SLIP = 0.3            # short transcripts with one of the student's slips, fed as context (_slipped)
+
+
+def _slipped(policy, task, r, ep):
+    """The teacher's episode with a slip of the student's kind before its first read, edit or grep (r draws
+    which): a module the repository lacks, a function the file lacks, another verb's name. The slip and its
+    error are fed, never targets; the teacher's own next action is the recovery (DART, arXiv 1703.09327)."""
+    kind, obs, defs = r.choice(("read", "edit", "grep")), None, lambda p: re.findall(r"^def (\w+)\(", p, re.M)
+    while True:
+        name, payload = policy.send(obs)
+        path, _, body = payload.partition("\n")
+        other = sorted(set(defs("".join(task.files.values()))) - set(defs(task.files.get(path, ""))))
+        slip = {"read": r.choice(sorted(set(HELPER_MODULES) - {m[:-3] for m in task.files})) + ".py",
+                "edit": other and path + "\n" + re.sub(r"^def \w+", "def " + r.choice(other), body),
+                "grep": re.sub(r"^def [a-z]+_", f"def {r.choice(VERBS)}_", payload)}.get(name)
+        if name == kind and slip and not any(slip in x for x in task.files.values()):
+            kind, ep["slip"] = None, True
+            yield name, slip
+        obs = yield name, payload
 
 
 def _memory(env, ep, tok, name, payload, obs, seq_len):
@@ -618,16 +629,13 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
 
 
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
-    """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive: the
-    batch's sandbox runs together; a submit or the step limit ends it). The teacher sees only what the
-    model will: of a short task, data/search.py's search (the prompt and the observations alone, its
-    recoveries included; a share, ORACLE_FRAC, from every file inlined, eval's oracle format); of a
-    long one, search.restart, built again from each fresh context. A Transcript's `actions`: its actions
-    and those naming what its context lacks (search.unpredictable);
-    `episode`: its env.Episode. A long task runs in the harness of one of `memories`, drawn per task
-    (env.long_tools; None: the whole context), its tokens counted by tok in a model of seq_len positions
-    (None: the window's), a Transcript per segment (_memory): the first ends on its summary, the next
-    starts from the fresh context; or from the context mask or window rebuilt."""
+    """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive). The
+    teacher sees only what the model will: of a short task, search.search (the prompt and observations
+    alone; ORACLE_FRAC of them from every file inlined, eval's oracle format; SLIP with a slip to recover
+    from); of a long one, search.restart, built again from each fresh context. A Transcript's `actions`:
+    (its actions, those naming what its context lacks: search.unpredictable); `episode`: its env.Episode.
+    A long task runs in the harness of one of `memories`, drawn per task, its tokens counted by tok in a
+    model of seq_len positions (None: the window's), a Transcript per segment (_memory)."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
     for t in tasks:
@@ -636,13 +644,15 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        prompt = tools.prompt(t)
-        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions)
-        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
+        prompt, slip = tools.prompt(t), t.kind != "long" and r.random() < SLIP
+        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions - slip)
+        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
+        eps[-1]["policy"] = _slipped(policy, t, r, eps[-1]) if slip else policy
 
     def observe(ep, name, payload, obs):      # the transcript's pieces; a long task's memory may act
-        ep["segs"] += env.action_segments(name, payload) + (env.observation_segments(obs) if obs is not None else [])
+        ep["segs"] += env.action_segments(name, payload, ep.pop("slip", False)) + \
+            (env.observation_segments(obs) if obs is not None else [])
         return obs is None or ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)
     search.drive(eps, pool, observe)
     out = []
@@ -664,7 +674,7 @@ def agent_source(args, tok, chunk=256):
     levels = parse_difficulties(args.task_difficulties)
     with SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):
-            part = generate_agent_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
+            part = generate_repo_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
                                         long_share=LONG_SHARE)
             yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES)
 

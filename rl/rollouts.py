@@ -35,7 +35,7 @@ from model import autocast
 from sandbox import OUTCOMES
 from rl.algo import (Sequence, collate, kl_k1, length_cost, length_units, mixed_group_odds, n_generated,
                      segments, token_logprobs, tool_calls)
-from data.repos import generate_agent_tasks
+from data.repos import generate_repo_tasks
 from data.tasks import generate_tasks
 
 
@@ -305,9 +305,8 @@ def next_tasks(ctx, n):
 
 
 def agent_stream(args):
-    """--agent's task generator: repository tasks, long_share of them long, the others --kinds in turn."""
-    kinds = tuple(args.kinds.split(","))
-    return lambda *a, **kw: generate_agent_tasks(*a, **kw, long_share=args.long_share, kinds=kinds)
+    """--agent's task generator: repository tasks, --long-share of them long."""
+    return lambda *a, **kw: generate_repo_tasks(*a, **kw, long_share=args.long_share)
 
 
 def prefilter(ctx, tasks, n, stats):

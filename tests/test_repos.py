@@ -27,7 +27,7 @@ def test_tasks():
 
 @pytest.fixture(scope="module")
 def train_tasks():
-    return repos.generate_agent_tasks("train", 60, seed=3, long_share=0.25)
+    return repos.generate_repo_tasks("train", 60, seed=3, long_share=0.25)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         repos.make_repo_task("test", 0, 0, "rewrite")
     with pytest.raises(ValueError):
-        repos.generate_repo_tasks("test", 1, kinds=("bug", "golf"))
+        repos.generate_repo_tasks("test", 2, kinds=("bug", "golf"))
     with pytest.raises(ValueError):
         repos.generate_repo_tasks("dev", 1)
 

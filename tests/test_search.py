@@ -6,7 +6,7 @@ import pytest
 
 import env
 from data import search
-from data.repos import BOOT_MEMORIES, KINDS, generate_agent_tasks, generate_repo_tasks, transcripts
+from data.repos import BOOT_MEMORIES, KINDS, generate_repo_tasks, transcripts
 
 # two tasks of each kind, held-out seed 11 at the eval preset's levels (eval.py --agent: cpu)
 TASKS = generate_repo_tasks("test", 8, seed=11, difficulties=[1, 2])
@@ -105,10 +105,20 @@ def test_the_search_teachers_transcripts_name_only_what_their_context_holds(pool
     function or number its context does not hold; every path stands in the prompt's file list (the
     oracle teacher it replaced called a helper the reference calls before reading it; that the count
     catches such actions is the worked example above)."""
-    tasks = generate_agent_tasks("train", 40, seed=0, difficulties=[1, 2])
+    tasks = generate_repo_tasks("train", 40, seed=0, difficulties=[1, 2])
     taught = transcripts(tasks, pool, seed=0)
     assert len(taught) == 40 and all(d.actions[1] == 0 for d in taught)
     assert sum(d.actions[0] for d in taught) > 3 * 40      # reads, greps, runs, edits (a payload each)
+    # the student's slips (repos.SLIP, DART): an action fed as context, never a target, that the tool
+    # refuses; the next action is the teacher's own (a target); one slip at most per transcript
+    slips = [(d, i) for d in taught for i, (x, fed, special) in enumerate(d.segments)
+             if fed and special and x not in ("<|obs|>", "<|/obs|>", "<|end|>")]
+    assert 4 <= len(slips) <= 24 and len({id(d) for d, _ in slips}) == len(slips)
+    assert {d.segments[i][0] for d, i in slips} == {"<|read|>", "<|edit|>", "<|grep|>"}
+    for d, i in slips:
+        assert d.segments[i + 1][1] and d.segments[i + 2] == ("<|end|>", True, True)
+        assert d.segments[i + 4][0].startswith(("error: no ", "no line holds")), d.segments[i + 4]
+        assert d.segments[i + 6][2] and not d.segments[i + 6][1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +168,7 @@ def test_every_long_transcript_names_only_what_its_context_holds_and_replays_fro
     named files it no longer saw, 7-10% of its actions), and the teacher started from the segment's
     first context alone (the issue, the file list, the actions left and a summary, or what mask or
     window kept) and sent the segment's observations takes exactly the segment's actions."""
-    tasks = generate_agent_tasks("train", 24, seed=0, difficulties=[1, 2], long_share=1.0)
+    tasks = generate_repo_tasks("train", 24, seed=0, difficulties=[1, 2], long_share=1.0)
     for memory in BOOT_MEMORIES:
         docs, replayed = transcripts(tasks, pool, seed=0, tok=stdlib_tok, memories=(memory,)), 0
         assert len(docs) > len(tasks) and sum(d.actions[0] for d in docs) > 4 * len(tasks)

@@ -9,7 +9,7 @@ import torch
 import env
 from sandbox import Result
 import rl.algo as rl
-from data.repos import generate_agent_tasks, generate_repo_tasks, transcripts
+from data.repos import generate_repo_tasks, transcripts
 from env import summary_text
 from tokenizer import train_tokenizer
 from model import GPT, GPTConfig
@@ -65,28 +65,27 @@ def test_no_long_task_fits_the_window_and_a_whole_episode_needs_far_more(tok, lo
 
 
 def test_the_agent_stream_keeps_each_index_whatever_its_start():
-    a = generate_agent_tasks("train", 6, seed=1, difficulties=[1, 2], long_share=0.5)
-    b = generate_agent_tasks("train", 3, seed=1, difficulties=[1, 2], start=3, long_share=0.5)
+    a = generate_repo_tasks("train", 6, seed=1, difficulties=[1, 2], long_share=0.5)
+    b = generate_repo_tasks("train", 3, seed=1, difficulties=[1, 2], start=3, long_share=0.5)
     assert [t.task_id for t in a[3:]] == [t.task_id for t in b]
     assert [t.kind == "long" for t in a] == [False, True] * 3
-    assert not any(t.kind == "long" for t in generate_agent_tasks("train", 3, seed=1, long_share=0.0))
+    assert not any(t.kind == "long" for t in generate_repo_tasks("train", 3, seed=1, long_share=0.0))
 
 
 def test_the_agent_streams_kinds_come_in_turn_and_long_tasks_keep_their_indices(capsys):
-    """--long-share 0: a kind listed twice comes twice as often; a long share takes the same fixed indices."""
+    """--long-share 0: the kinds in turn (one listed twice comes twice as often); a long share takes fixed
+    indices; a share outside [0, 1] is a ValueError, and through train_rl.py a one-line error."""
     kinds = ("bug", "two_bugs", "bug", "config")
-    tasks = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.0, kinds=kinds)
+    tasks = generate_repo_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.0, kinds=kinds)
     assert [t.kind for t in tasks] == list(kinds) * 10
-    mixed = generate_agent_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.3, kinds=kinds)
+    mixed = generate_repo_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.3, kinds=kinds)
     assert sum(t.kind == "long" for t in mixed) == 12
     assert all(m.kind in ("long", t.kind) for m, t in zip(mixed, tasks))
-    for bad in (dict(long_share=1.5), dict(kinds=("bug", "long")), dict(kinds=())):
-        with pytest.raises(ValueError, match="long_share must be in"):
-            generate_agent_tasks("train", 2, **bad)
-    for flags in (["--long-share", "1.5"], ["--kinds", "bug,typo"], ["--kinds", ""]):
-        with pytest.raises(SystemExit) as e:
-            train_rl.main(["--preset", "smoke", "--device", "cpu", "--agent", "--init-from", __file__] + flags)
-        assert e.value.code == 2 and "--long-share must be in [0, 1] and --kinds" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="long_share must be in"):
+        generate_repo_tasks("train", 2, long_share=1.5)
+    with pytest.raises(SystemExit) as e:
+        train_rl.main(["--preset", "smoke", "--device", "cpu", "--agent", "--init-from", __file__, "--long-share", "-1"])
+    assert e.value.code == 2 and "--long-share must be in [0, 1], got -1.0" in capsys.readouterr().err
 
 
 def test_bootstrap_transcripts_summarise_where_the_harness_asks_then_restart_fresh(long_tasks, pool, tok):
