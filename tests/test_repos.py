@@ -122,6 +122,19 @@ def test_a_settings_number_is_stated_only_in_its_module(test_tasks, train_tasks)
             assert f"set in {f['file']}" in t.files[t.targets[0][0]] or t.kind == "long"
 
 
+def test_a_helper_the_chain_calls_twice_is_defined_once():
+    """Its def was written once per call (train tasks of levels 3-5 call a helper twice): a module that
+    defines a function twice reads longer than the observation cap, and a stub after it was cut off."""
+    tasks = repos.generate_repo_tasks("train", 200, seed=0)
+    text = lambda t: "".join(t.files.values())
+    twice = [t for t in tasks if any(text(t).count(f"= {f}(") > 1 for f in re.findall(r"^def (\w+)\(", text(t), re.M))]
+    assert len(twice) >= 5
+    for t in tasks:
+        for x in t.files.values():
+            names = re.findall(r"^def (\w+)\(", x, re.M)
+            assert len(names) == len(set(names)), t.task_id
+
+
 def test_canaries_contradict_their_visible_tests():
     for t in repos.canary_repo_tasks(3):
         assert t.canary and t.slice == "canary"
