@@ -440,9 +440,9 @@ def action_ids(tok, name, payload):
     return [tok.tool_ids[f"<|{name}|>"]] + tok.encode(payload) + [tok.tool_ids["<|end|>"]]
 
 
-def action_segments(name, payload, fed=False):
-    """An action as a transcript's pieces (text, context?, special?), read by parse_action; fed: context."""
-    return [(f"<|{name}|>", fed, True), (payload, fed, False), ("<|end|>", fed, True)]
+def action_segments(name, payload):
+    """An action as a transcript's pieces (text, context?, special?): what parse_action reads."""
+    return [(f"<|{name}|>", False, True), (payload, False, False), ("<|end|>", False, True)]
 
 
 def observation_segments(text):

@@ -574,25 +574,6 @@ LONG_SHARE = 0.3      # long tasks among the bootstrap's transcripts (RL's: trai
 # The bootstrap's long transcripts, a third in each memory that RL can train (train_rl.py --memory): one
 # boot for all three, so that each method starts from the same checkpoint, taught its own format.
 BOOT_MEMORIES = ("summary", "mask", "window")
-SLIP = 0.3            # short transcripts with one of the student's slips, fed as context (_slipped)
-
-
-def _slipped(policy, task, r, ep):
-    """The teacher's episode with a slip of the student's kind before its first read, edit or grep (r draws
-    which): a module the repository lacks, a function the file lacks, another verb's name. The slip and its
-    error are fed, never targets; the teacher's own next action is the recovery (DART, arXiv 1703.09327)."""
-    kind, obs, defs = r.choice(("read", "edit", "grep")), None, lambda p: re.findall(r"^def (\w+)\(", p, re.M)
-    while True:
-        name, payload = policy.send(obs)
-        path, _, body = payload.partition("\n")
-        other = sorted(set(defs("".join(task.files.values()))) - set(defs(task.files.get(path, ""))))
-        slip = {"read": r.choice(sorted(set(HELPER_MODULES) - {m[:-3] for m in task.files})) + ".py",
-                "edit": other and path + "\n" + re.sub(r"^def \w+", "def " + r.choice(other), body),
-                "grep": re.sub(r"^def [a-z]+_", f"def {r.choice(VERBS)}_", payload)}.get(name)
-        if name == kind and slip and not any(slip in x for x in task.files.values()):
-            kind, ep["slip"] = None, True
-            yield name, slip
-        obs = yield name, payload
 
 
 def _memory(env, ep, tok, name, payload, obs, seq_len):
@@ -631,10 +612,10 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
     """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive). The
     teacher sees only what the model will: of a short task, search.search (the prompt and observations
-    alone; ORACLE_FRAC of them from every file inlined, eval's oracle format; SLIP with a slip to recover
-    from); of a long one, search.restart, built again from each fresh context. A Transcript's `actions`:
-    (its actions, those naming what its context lacks: search.unpredictable); `episode`: its env.Episode.
-    A long task runs in the harness of one of `memories`, drawn per task, its tokens counted by tok in a
+    alone, its recoveries included; ORACLE_FRAC of them from every file inlined, eval's oracle format); of
+    a long one, search.restart, built again from each fresh context. A Transcript's `actions`: (its
+    actions, those naming what its context lacks: search.unpredictable); `episode`: its env.Episode. A
+    long task runs in the harness of one of `memories`, drawn per task, its tokens counted by tok in a
     model of seq_len positions (None: the window's), a Transcript per segment (_memory)."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
@@ -644,15 +625,13 @@ def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary"
         tools = env.long_tools(r.choice(memories)) if t.kind == "long" else env.Tools(inline=inline)
         if t.kind == "long" and tok is None:
             raise ValueError("transcripts of long tasks need tok (the harness counts tokens for summaries)")
-        prompt, slip = tools.prompt(t), t.kind != "long" and r.random() < SLIP
-        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions - slip)
-        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "docs": [], "turns": [],
+        prompt = tools.prompt(t)
+        policy = (search.restart if t.kind == "long" else search.search)(prompt, tools.max_actions)
+        eps.append({"task": t, "tools": tools, "e": env.Episode(0), "policy": policy, "docs": [], "turns": [],
                     "segs": [(prompt, True, False)]})
-        eps[-1]["policy"] = _slipped(policy, t, r, eps[-1]) if slip else policy
 
     def observe(ep, name, payload, obs):      # the transcript's pieces; a long task's memory may act
-        ep["segs"] += env.action_segments(name, payload, ep.pop("slip", False)) + \
-            (env.observation_segments(obs) if obs is not None else [])
+        ep["segs"] += env.action_segments(name, payload) + (env.observation_segments(obs) if obs is not None else [])
         return obs is None or ep["task"].kind != "long" or _memory(env, ep, tok, name, payload, obs, seq_len)
     search.drive(eps, pool, observe)
     out = []
