@@ -190,7 +190,7 @@ def _layout(r, program, entry, entry_mod, notes):
     if wrapper:
         calls[wrapper] = list(zip(names, consts))[i:i + 2]
     order = {}
-    for h in dict.fromkeys(helpers + ([wrapper] if wrapper else [])):   # a helper the chain calls twice: one def
+    for h in dict.fromkeys(helpers + ([wrapper] if wrapper else [])):   # a helper called twice: one def
         order.setdefault(home[h], []).append(h)
     for m in order:
         r.shuffle(order[m])
@@ -524,11 +524,13 @@ def _settings_file(r, const, value, n_chars=LONG_FILE_CHARS):
 
 
 def generate_repo_tasks(split, n, seed=0, difficulties=None, kinds=KINDS, start=0, long_share=0.0) -> list:
-    """Tasks start..start+n-1 of an unlimited stream, index i the same task whatever n and start: of kind
-    kinds[i % len(kinds)], or long at a share long_share of the indices (the agent's train stream; every
-    k-th, so a task keeps its place when the stream is extended)."""
-    if not 0 <= long_share <= 1:
-        raise ValueError(f"long_share must be in [0, 1], got {long_share}")
+    """Tasks start..start+n-1 of an unlimited stream, index i the same task whatever n and start: long
+    where int((i + 1) * long_share) > int(i * long_share) (the agent's train stream: a share long_share
+    of the indices, fixed, so a task keeps its place when the stream is extended), else of kind
+    kinds[i % len(kinds)] (a long task takes its index's turn)."""
+    if not 0 <= long_share <= 1 or not kinds or set(kinds) - set(KINDS + ("long",)):
+        raise ValueError(f"long_share must be in [0, 1] and kinds a non-empty subset of {KINDS + ('long',)}, "
+                         f"got {long_share}, {kinds!r}")
     is_long = lambda i: int((i + 1) * long_share) > int(i * long_share)
     return [make_repo_task(split, seed, i, "long" if is_long(i) else kinds[i % len(kinds)], difficulties)
             for i in range(start, start + n)]
@@ -610,13 +612,16 @@ def _memory(env, ep, tok, name, payload, obs, seq_len):
 
 
 def transcripts(tasks, pool, seed=0, tok=None, seq_len=None, memories=("summary",)):
-    """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive). The
-    teacher sees only what the model will: of a short task, search.search (the prompt and observations
-    alone, its recoveries included; ORACLE_FRAC of them from every file inlined, eval's oracle format); of
-    a long one, search.restart, built again from each fresh context. A Transcript's `actions`: (its
-    actions, those naming what its context lacks: search.unpredictable); `episode`: its env.Episode. A
-    long task runs in the harness of one of `memories`, drawn per task, its tokens counted by tok in a
-    model of seq_len positions (None: the window's), a Transcript per segment (_memory)."""
+    """One or more Transcripts per task: the teacher's episode through env.Tools itself (search.drive: the
+    batch's sandbox runs together; a submit or the step limit ends it). The teacher sees only what the
+    model will: of a short task, data/search.py's search (the prompt and the observations alone, its
+    recoveries included; a share, ORACLE_FRAC, from every file inlined, eval's oracle format); of a
+    long one, search.restart, built again from each fresh context. A Transcript's `actions`: the count
+    of its actions and of those naming what its context lacks (search.unpredictable); `episode`: its
+    env.Episode. A long task runs in the harness of one of `memories`, drawn per task (env.long_tools;
+    None: the whole context), its tokens counted by tok in a model of seq_len positions (None: the
+    window's), a Transcript per segment (_memory): the first ends on its summary, the next starts from
+    the fresh context; or from the context mask or window rebuilt."""
     import env    # the harness (env.py imports nothing of data/)
     eps = []
     for t in tasks:

@@ -81,10 +81,12 @@ def test_the_agent_streams_kinds_come_in_turn_and_long_tasks_keep_their_indices(
     mixed = generate_repo_tasks("train", 40, seed=1, difficulties=[1, 2], long_share=0.3, kinds=kinds)
     assert sum(t.kind == "long" for t in mixed) == 12
     assert all(m.kind in ("long", t.kind) for m, t in zip(mixed, tasks))
-    with pytest.raises(ValueError, match="long_share must be in"):
-        generate_repo_tasks("train", 2, long_share=1.5)
+    for bad in (dict(long_share=1.5), dict(kinds=()), dict(kinds=("bug", "golf"))):
+        with pytest.raises(ValueError, match="long_share must be in"):
+            generate_repo_tasks("train", 1, **bad)
     with pytest.raises(SystemExit) as e:
-        train_rl.main(["--preset", "smoke", "--device", "cpu", "--agent", "--init-from", __file__, "--long-share", "-1"])
+        train_rl.main(["--preset", "smoke", "--device", "cpu", "--agent", "--init-from", __file__,
+                       "--long-share", "-1"])
     assert e.value.code == 2 and "--long-share must be in [0, 1], got -1.0" in capsys.readouterr().err
 
 
