@@ -659,7 +659,7 @@ def agent_source(args, tok, chunk=256):
     with SandboxPool(timeout_s=1.0) as pool:
         for i in range(0, args.agent_n, chunk):
             part = generate_repo_tasks("train", min(chunk, args.agent_n - i), args.seed, levels, start=i,
-                                        long_share=LONG_SHARE)
+                                       long_share=LONG_SHARE)
             yield from transcripts(part, pool, args.seed, tok, args.seq_len, BOOT_MEMORIES)
 
 
