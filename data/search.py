@@ -119,7 +119,7 @@ def search(prompt, budget=12):
 
     def know(path, text):
         seen[path] = text
-        for f in re.findall(r"^def (\w+)\(", text, re.M):
+        for f in re.findall(r"^def (\w+)\(.*\):$", text, re.M):   # a def line the cap cut is no def
             defs.setdefault(f, (path, definition(text, f, drop_doc=False)))
 
     def read(path):

@@ -192,3 +192,13 @@ def test_the_long_teacher_passes_under_its_summaries_at_least_as_often_as_under_
         env.Tools().finish(pool, list(zip(tasks, eps)))
         passed[memory] = sum(e.result.passed for e in eps)
     assert passed["summary"] >= passed["window"] and passed["summary"] >= 38, passed
+
+
+def test_a_def_line_the_read_cap_cut_is_not_taken_for_a_def():
+    """A module longer than the read's cap (env.cap) can lose the middle of a def line: the search takes
+    only whole def lines (it crashed on `def g(te` at level 5, repo/train/0/113/two_bugs)."""
+    policy = search.search("# Issue\n`f(1)` returns 2, expected 3.\n# Files\nm.py test_m.py\n")
+    assert next(policy) == ("grep", "def f(")
+    assert policy.send("m.py:1: def f(x):") == ("read", "m.py")
+    name, _ = policy.send('def f(x):\n    """Add one to it."""\n    return g(x)\n\n\ndef g(te\n... (9 characters cut) ...\n')
+    assert name in env.ACTIONS
